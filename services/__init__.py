@@ -1,0 +1,1 @@
+"""lenserve's independently deployable services."""

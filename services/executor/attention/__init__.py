@@ -1,0 +1,1 @@
+"""Attention backends over the paged KV cache, behind one interface."""

@@ -1,0 +1,32 @@
+"""The Executor interface. The in-process executor and the gRPC client both implement it."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from services.executor.types import ExecutorInput, ExecutorOutput, ModelInfo
+
+
+class Executor(ABC):
+    @abstractmethod
+    def model_info(self) -> ModelInfo:
+        """Shapes the scheduler needs: block size, number of device blocks, context length."""
+
+    @abstractmethod
+    def execute(self, batch: ExecutorInput) -> ExecutorOutput:
+        """Run one iteration: apply block copies, write the fed tokens' KV into their blocks,
+        run the model over the ragged batch and sample one token for each sequence with
+        ``sample=True``. Must not keep per-request state between calls."""
+
+    @abstractmethod
+    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """Copy device blocks to one contiguous host tensor
+        ``[num_layers, 2, len(block_ids), block_size, num_kv_heads, head_dim]``."""
+
+    @abstractmethod
+    def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
+        """Write host data laid out as by ``export_blocks`` into the given device blocks."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (sockets, device memory)."""

@@ -1,0 +1,73 @@
+"""Plain data exchanged between the scheduler and the executor (one iteration each way).
+
+The executor never mutates scheduler state: it receives an ``ExecutorInput`` and returns an
+``ExecutorOutput``. The gRPC transport maps these 1:1 onto ``executor.proto``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lenserve.sampling_params import SamplingParams
+
+
+@dataclass
+class ScheduledSequence:
+    """One request's slice of an iteration: a prompt chunk or a single decode token."""
+
+    request_id: str
+    token_ids: list[int]            # tokens fed this iteration
+    num_computed_tokens: int        # tokens already in KV = position of token_ids[0]
+    block_table: list[int]          # device blocks of this request, in order
+    sample: bool                    # sample after the last fed token (last prompt chunk / decode)
+    sampling_params: SamplingParams
+    num_output_tokens: int = 0      # advances the per-request seeded RNG deterministically
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        """Tokens this request has in KV once this iteration has run."""
+        return self.num_computed_tokens + len(self.token_ids)
+
+
+@dataclass
+class ExecutorInput:
+    iteration: int
+    sequences: list[ScheduledSequence]
+    copy_blocks: list[tuple[int, int]] = field(default_factory=list)   # (src, dst) device blocks
+
+
+@dataclass
+class IterationTimings:
+    forward_s: float = 0.0
+    attention_s: float = 0.0
+    sample_s: float = 0.0
+    total_s: float = 0.0
+
+
+@dataclass
+class ExecutorOutput:
+    iteration: int
+    sampled: dict[str, int]                     # request_id -> token, for sequences with sample=True
+    logprobs: dict[str, float] = field(default_factory=dict)
+    timings: IterationTimings = field(default_factory=IterationTimings)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    family: str
+    vocab_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_model_len: int
+    block_size: int
+    num_gpu_blocks: int
+    bytes_per_block: int
+    eos_token_id: int | None
+    dtype: str
+    attention_backend: str
