@@ -1,0 +1,1 @@
+"""``lenserve bench``: replay a workload against several serving backends and compare them."""

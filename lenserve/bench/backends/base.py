@@ -1,0 +1,69 @@
+"""The one interface every backend under test implements, and the options they share."""
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from lenserve.bench.metrics import RequestRecord
+from lenserve.workloads.types import BenchRequest
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    model: str = "opt-tiny"
+    # Requests per `generate` call of hf-static (request-level batching, as in the papers' Orca
+    # and FasterTransformer baselines).
+    hf_batch_size: int = 8
+    # KV capacity and per-step token budget of hf-cb; its automatic sizing targets GPU memory
+    # and would reserve most of the host's RAM on CPU.
+    hf_cb_kv_tokens: int = 16384
+    hf_cb_max_batch_tokens: int = 2048
+    served_model_name: str | None = None  # the `model` field sent to OpenAI endpoints
+    request_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("hf_batch_size", "hf_cb_kv_tokens", "hf_cb_max_batch_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+
+
+class Backend(ABC):
+    """A serving system driven by the runner's real-time replay loop.
+
+    The runner calls ``submit`` once a request's arrival time has passed, and ``poll`` in a
+    loop; ``poll`` either advances the backend (one engine step, one HF batch) or waits up to
+    ``timeout`` seconds for results, and returns the requests that finished. All times in the
+    returned records are ``time.monotonic()`` seconds; ``arrival_time`` is the scheduled
+    arrival, so time a request spends waiting for a busy synchronous backend counts as latency.
+    """
+
+    def __init__(self, name: str, options: BackendOptions):
+        self.name = name
+        self.options = options
+        self._keys = itertools.count()
+
+    def start(self) -> None:
+        """Load the model or connect; called once before any run."""
+
+    @abstractmethod
+    def submit(self, request: BenchRequest, arrival_time: float) -> None: ...
+
+    @abstractmethod
+    def poll(self, timeout: float) -> list[RequestRecord]: ...
+
+    @abstractmethod
+    def has_pending(self) -> bool: ...
+
+    def close(self) -> None:
+        """Release the model or connection."""
+
+    def unique_key(self, request: BenchRequest) -> str:
+        # Request ids repeat across the runs of a sweep and the warm-up; backends that keep
+        # state by id get a fresh key per submission.
+        return f"{request.request_id}#{next(self._keys)}"
+
+
+def failed_record(request: BenchRequest, arrival_time: float, error: str) -> RequestRecord:
+    return RequestRecord(request.request_id, request.prompt_len, request.output_len,
+                         arrival_time, error=error)

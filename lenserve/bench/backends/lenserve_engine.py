@@ -1,0 +1,87 @@
+"""``lenserve:<policy>``: the in-process engine, stepped by the replay loop."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from lenserve.bench.backends.base import Backend, BackendOptions, failed_record
+from lenserve.bench.metrics import RequestRecord
+from lenserve.outputs import RequestOutput
+from lenserve.sampling_params import SamplingParams
+from lenserve.workloads.types import BenchRequest
+
+
+@dataclass
+class _InFlight:
+    request: BenchRequest
+    arrival_time: float
+    seen_times: list[float] = field(default_factory=list)  # when step() returned each token
+
+
+class LenserveBackend(Backend):
+    def __init__(self, name: str, policy: str, options: BackendOptions, engine=None):
+        super().__init__(name, options)
+        self.policy = policy
+        self.engine = engine  # tests hand in a fake; start() builds the real one
+        self._inflight: dict[str, _InFlight] = {}
+        self._done: list[RequestRecord] = []
+
+    def start(self) -> None:
+        if self.engine is None:
+            from lenserve.engine.llm_engine import EngineConfig, LLMEngine
+            self.engine = LLMEngine(EngineConfig(model=self.options.model, policy=self.policy))
+
+    def submit(self, request: BenchRequest, arrival_time: float) -> None:
+        key = self.unique_key(request)
+        # Outputs are forced to the dataset's length, as the papers and vLLM's benchmark do.
+        params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0)
+        try:
+            self.engine.add_request(key, prompt_token_ids=list(request.prompt_token_ids),
+                                    sampling_params=params, arrival_time=arrival_time)
+        except ValueError as exc:  # InvalidRequestError: refused, not crashed
+            self._done.append(failed_record(request, arrival_time, str(exc)))
+            return
+        self._inflight[key] = _InFlight(request, arrival_time)
+
+    def poll(self, timeout: float) -> list[RequestRecord]:
+        if self.engine.has_unfinished_requests():
+            outputs = self.engine.step()
+            now = time.monotonic()
+            for out in outputs:
+                self._observe(out, now)
+        elif timeout > 0:
+            time.sleep(timeout)
+        done, self._done = self._done, []
+        return done
+
+    def has_pending(self) -> bool:
+        return bool(self._inflight or self._done)
+
+    def close(self) -> None:
+        self.engine = None
+
+    def _observe(self, out: RequestOutput, now: float) -> None:
+        flight = self._inflight.get(out.request_id)
+        if flight is None:
+            return
+        new = len(out.outputs[0].token_ids) - len(flight.seen_times) if out.outputs else 0
+        flight.seen_times.extend([now] * max(new, 0))
+        if out.finished:
+            del self._inflight[out.request_id]
+            self._done.append(self._record(flight, out, now))
+
+    @staticmethod
+    def _record(flight: _InFlight, out: RequestOutput, now: float) -> RequestRecord:
+        req, metrics = flight.request, out.metrics
+        # The engine's own per-token times are exact; the step-return times are the fallback
+        # when it does not fill them in.
+        times = list(metrics.token_times) if metrics and metrics.token_times else flight.seen_times
+        if len(times) != len(flight.seen_times):
+            times = flight.seen_times
+        reason = out.outputs[0].finish_reason if out.outputs else None
+        error = out.error or (f"finished with {reason}" if reason in ("abort", "error") else None)
+        error = error or (None if times else "no tokens returned")
+        # The client holds the result when step() returns it: that, not the engine's internal
+        # stamp, ends the JCT.
+        return RequestRecord(req.request_id, req.prompt_len, req.output_len, flight.arrival_time,
+                             times, now, error)

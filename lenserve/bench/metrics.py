@@ -1,0 +1,139 @@
+"""Serving metrics with ``vllm bench serve``'s definitions, plus the papers' own.
+
+vLLM: TTFT = first token - arrival; E2EL = last token - arrival; TPOT = (E2EL - TTFT) /
+(output tokens - 1), per request with more than one token; ITL = every gap between consecutive
+tokens of a request, pooled over requests; goodput = requests meeting every ``--goodput`` SLO
+per second of the run. Papers: normalized latency = mean over requests of E2EL / output
+tokens (ALISE, EconoServe after vLLM); latency bound = the largest gap between two tokens of
+one request (FluidInfer); JCT = arrival to completion as the client sees it (EconoServe),
+which exceeds E2EL when a backend hands results back later than it makes tokens.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+@dataclass
+class RequestRecord:
+    """What one request did, in seconds since the start of the run."""
+
+    request_id: str
+    prompt_len: int
+    output_len: int  # tokens asked for
+    arrival_time: float
+    token_times: list[float] = field(default_factory=list)
+    finish_time: float | None = None
+    error: str | None = None
+    # Tokens generated, when a stream delivers several per timed chunk (HTTP backends);
+    # otherwise one token per entry of token_times.
+    num_tokens: int | None = None
+
+    @property
+    def success(self) -> bool:
+        return self.error is None and bool(self.token_times)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens if self.num_tokens is not None else len(self.token_times)
+
+    @property
+    def ttft(self) -> float:
+        return self.token_times[0] - self.arrival_time
+
+    @property
+    def e2el(self) -> float:
+        return self.token_times[-1] - self.arrival_time
+
+    @property
+    def itls(self) -> list[float]:
+        return np.diff(self.token_times).tolist()
+
+    @property
+    def tpot(self) -> float | None:
+        n = self.num_output_tokens
+        return (self.e2el - self.ttft) / (n - 1) if n > 1 else None
+
+    @property
+    def jct(self) -> float:
+        end = self.finish_time if self.finish_time is not None else self.token_times[-1]
+        return end - self.arrival_time
+
+    def shifted(self, origin: float) -> RequestRecord:
+        """The same record with times measured from ``origin``."""
+        return RequestRecord(self.request_id, self.prompt_len, self.output_len,
+                             self.arrival_time - origin, [t - origin for t in self.token_times],
+                             None if self.finish_time is None else self.finish_time - origin,
+                             self.error, self.num_tokens)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        if self.success:
+            data.update(ttft=self.ttft, tpot=self.tpot, e2el=self.e2el, jct=self.jct,
+                        latency_bound=max(self.itls, default=0.0))
+        return data
+
+
+def parse_goodput(items: Sequence[str] | None) -> dict[str, float]:
+    """``["ttft:500", "tpot:50"]`` -> SLOs in milliseconds, as ``vllm bench serve --goodput``."""
+    slos: dict[str, float] = {}
+    for item in items or []:
+        name, sep, value = item.partition(":")
+        if not sep or name not in GOODPUT_METRICS:
+            raise ValueError(f"bad --goodput item {item!r}: expected KEY:MS with KEY one of "
+                             f"{', '.join(GOODPUT_METRICS)}")
+        try:
+            slos[name] = float(value)
+        except ValueError:
+            raise ValueError(f"bad --goodput value in {item!r}: {value!r} is not a number") from None
+        if not slos[name] > 0:
+            raise ValueError(f"--goodput {name} must be > 0 ms, got {value}")
+    return slos
+
+
+def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:
+    values = {"ttft": record.ttft, "tpot": record.tpot or 0.0, "e2el": record.e2el}
+    return all(values[name] * 1000.0 <= limit for name, limit in slos.items())
+
+
+def _stats(values_s: Sequence[float]) -> dict[str, float]:
+    """mean, median and p99 in milliseconds (NaN when there are no values)."""
+    if not len(values_s):
+        return {"mean": math.nan, "median": math.nan, "p99": math.nan}
+    ms = np.asarray(values_s, dtype=float) * 1000.0
+    return {"mean": float(ms.mean()), "median": float(np.median(ms)),
+            "p99": float(np.percentile(ms, 99))}
+
+
+def summarize(records: Sequence[RequestRecord], duration_s: float,
+              slos: dict[str, float] | None = None) -> dict:
+    """The per-backend summary: counts, throughputs and latency statistics."""
+    ok = [r for r in records if r.success]
+    out_tokens = sum(r.num_output_tokens for r in ok)
+    duration = max(duration_s, 1e-9)
+    bounds = [max(r.itls, default=0.0) for r in ok]
+    summary = {
+        "completed": len(ok), "failed": len(records) - len(ok), "duration_s": duration_s,
+        # Requests whose output length differs from the one asked for: every backend must do
+        # the same work for the comparison to hold.
+        "length_mismatches": sum(r.num_output_tokens != r.output_len for r in ok),
+        "total_input_tokens": sum(r.prompt_len for r in ok), "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration, "output_throughput": out_tokens / duration,
+        "ttft_ms": _stats([r.ttft for r in ok]),
+        "tpot_ms": _stats([r.tpot for r in ok if r.tpot is not None]),
+        "itl_ms": _stats([gap for r in ok for gap in r.itls]),
+        "e2el_ms": _stats([r.e2el for r in ok]),
+        "jct_ms": _stats([r.jct for r in ok]),
+        "latency_bound_ms": {**_stats(bounds), "max": max(bounds, default=math.nan) * 1000.0},
+        "normalized_latency_s_per_token": (float(np.mean([r.e2el / r.num_output_tokens for r in ok]))
+                                           if ok else math.nan),
+    }
+    if slos:
+        good = sum(meets_slos(r, slos) for r in ok)
+        summary.update(goodput=good / duration, slo_attainment=good / max(len(records), 1))
+    return summary

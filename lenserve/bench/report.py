@@ -1,0 +1,118 @@
+"""The side-by-side table, the JSON result file and the normalized-latency figure."""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from lenserve.bench.metrics import summarize
+from lenserve.bench.runner import BackendRun
+
+# (label, path into the summary, format); the latency rows follow vllm bench serve's order.
+_ROWS: list[tuple[str, tuple[str, ...], str]] = [
+    ("Successful requests", ("completed",), "{:.0f}"),
+    ("Failed requests", ("failed",), "{:.0f}"),
+    ("Output length mismatches", ("length_mismatches",), "{:.0f}"),
+    ("Benchmark duration (s)", ("duration_s",), "{:.2f}"),
+    ("Total input tokens", ("total_input_tokens",), "{:.0f}"),
+    ("Total generated tokens", ("total_output_tokens",), "{:.0f}"),
+    ("Request throughput (req/s)", ("request_throughput",), "{:.2f}"),
+    ("Output token throughput (tok/s)", ("output_throughput",), "{:.2f}"),
+    *[(f"{stat.capitalize() if stat != 'p99' else 'P99'} {name.upper()} (ms)", (f"{name}_ms", stat),
+       "{:.2f}") for name in ("ttft", "tpot", "itl", "e2el", "jct")
+      for stat in ("mean", "median", "p99")],
+    ("Normalized latency (s/token)", ("normalized_latency_s_per_token",), "{:.4f}"),
+    ("Mean latency bound (ms)", ("latency_bound_ms", "mean"), "{:.2f}"),
+    ("P99 latency bound (ms)", ("latency_bound_ms", "p99"), "{:.2f}"),
+    ("Max latency bound (ms)", ("latency_bound_ms", "max"), "{:.2f}"),
+    ("Goodput (req/s)", ("goodput",), "{:.2f}"),
+    ("SLO attainment (%)", ("slo_attainment",), "{:.1%}"),
+]
+
+
+def _lookup(summary: dict, path: tuple[str, ...]) -> float | None:
+    value = summary
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    if value is None:
+        return None
+    return "-" if isinstance(value, float) and math.isnan(value) else fmt.format(value)
+
+
+def format_table(summaries: dict[str, dict], title: str) -> str:
+    """One column per backend; rows absent from every summary (goodput without SLOs) are left out."""
+    names = list(summaries)
+    rows = []
+    for label, path, fmt in _ROWS:
+        cells = [_cell(_lookup(summaries[n], path), fmt) for n in names]
+        if any(c is not None for c in cells):
+            rows.append([label] + [c or "-" for c in cells])
+    widths = [max(len(r[i]) for r in rows + [[title] + names]) for i in range(len(names) + 1)]
+    lines = [_join(cells, widths) for cells in [[title, *names], *rows]]
+    rule = "=" * len(lines[0])
+    return "\n".join([rule, lines[0], rule, *lines[1:], rule])
+
+
+def _join(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(cells))
+
+
+def summarize_runs(runs: Sequence[BackendRun], slos: dict[str, float]) -> list[dict]:
+    return [{"backend": run.backend, "request_rate": run.request_rate,
+             "summary": summarize(run.records, run.duration_s, slos)} for run in runs]
+
+
+def format_report(results: list[dict]) -> str:
+    """A table per request rate, backends side by side."""
+    rates = sorted({r["request_rate"] for r in results})
+    tables = []
+    for rate in rates:
+        summaries = {r["backend"]: r["summary"] for r in results if r["request_rate"] == rate}
+        tables.append(format_table(summaries, f"request rate {rate:g} req/s"))
+    return "\n\n".join(tables)
+
+
+def write_json(path: str | Path, config: dict, results: list[dict], runs: Sequence[BackendRun]) -> None:
+    """The config, each run's summary, and each run's per-request records."""
+    entries = [{**result, "requests": [rec.to_json() for rec in run.records]}
+               for result, run in zip(results, runs)]
+    text = json.dumps(_plain({"config": config, "runs": entries}), indent=1, default=str)
+    Path(path).write_text(text)
+
+
+def _plain(value):
+    """Strict JSON: NaN (no data) becomes null and an infinite rate the string "inf", as vLLM."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def plot_normalized_latency(path: str | Path, results: list[dict]) -> None:
+    """Normalized latency against request rate, one line per backend (the papers' main figure)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for backend in dict.fromkeys(r["backend"] for r in results):
+        points = sorted((r["request_rate"], r["summary"]["normalized_latency_s_per_token"])
+                        for r in results if r["backend"] == backend and math.isfinite(r["request_rate"]))
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=backend)
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("normalized latency (s/token)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

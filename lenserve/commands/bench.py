@@ -1,0 +1,156 @@
+"""``lenserve bench``: replay one workload against several backends and print them side by side.
+
+Flags follow ``vllm bench serve`` where they overlap; ``--backends`` and ``--sweep-rates`` are
+lenserve's own.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+from lenserve.bench.backends import BackendOptions, BackendSpec, create_backend, parse_backends
+from lenserve.bench.metrics import parse_goodput
+from lenserve.bench.report import format_report, plot_normalized_latency, summarize_runs, write_json
+from lenserve.bench.runner import BackendRun, RunnerConfig, replay, warm_up
+from lenserve.workloads import (
+    DATASET_NAMES,
+    ArrivalConfig,
+    Sample,
+    SampleConfig,
+    Workload,
+    build_workload,
+    load_samples,
+    sample_requests,
+)
+from lenserve.workloads.arrivals import check_rate
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("bench", help="compare serving backends on one workload",
+                              description=__doc__)
+    p.add_argument("--backends", default="lenserve:vllm",
+                   help="comma-separated: lenserve:<policy>, hf-static, hf-cb, openai:<url>")
+    p.add_argument("--model", default="opt-tiny", help="lenserve model preset (also the tokenizer)")
+    p.add_argument("--tokenizer", help="Hugging Face tokenizer path, instead of the preset's")
+    p.add_argument("--served-model-name", help="`model` field sent to openai:<url> backends")
+    p.add_argument("--dataset-name", default="lengths", choices=DATASET_NAMES)
+    p.add_argument("--dataset-path", help="dataset file; lengths defaults to the bundled trace")
+    p.add_argument("--num-prompts", type=int, default=50)
+    p.add_argument("--request-rate", type=float, default=math.inf,
+                   help="requests/s (inf sends all at once)")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1 is Poisson")
+    p.add_argument("--trace-timestamps", action="store_true",
+                   help="replay the trace's own arrival times instead of --request-rate")
+    p.add_argument("--trace-time-scale", type=float, default=1.0,
+                   help="multiply trace inter-arrival times (0.5 = twice as fast)")
+    p.add_argument("--sweep-rates", help="comma-separated request rates; also draws a PNG")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-len", type=int, help="force every output to this many tokens")
+    p.add_argument("--max-prompt-len", type=int, default=1024)
+    p.add_argument("--max-model-len", type=int, default=2048, help="prompt + output limit")
+    p.add_argument("--hf-batch-size", type=int, default=8, help="requests per hf-static batch")
+    p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs, e.g. ttft:500 tpot:50")
+    p.add_argument("--result-json", help="write summaries and per-request records here")
+    p.add_argument("--plot", help="PNG path for the sweep figure (default: next to the JSON)")
+    p.add_argument("--disable-tqdm", action="store_true")
+    p.set_defaults(func=run_bench)
+
+
+def parse_rates(args: argparse.Namespace) -> list[float]:
+    if not args.sweep_rates:
+        return [check_rate(args.request_rate)]
+    if args.trace_timestamps:
+        raise ValueError("--sweep-rates and --trace-timestamps cannot be combined")
+    try:
+        rates = [float(item) for item in args.sweep_rates.split(",") if item.strip()]
+    except ValueError:
+        raise ValueError(f"--sweep-rates must be numbers, got {args.sweep_rates!r}") from None
+    for rate in rates:
+        if not (check_rate(rate) and math.isfinite(rate)):
+            raise ValueError("--sweep-rates must be finite (the figure's x axis)")
+    if not rates:
+        raise ValueError("--sweep-rates names no rate")
+    return rates
+
+
+def load_tokenizer(args: argparse.Namespace):
+    """The served model's tokenizer: output lengths are counted in it."""
+    from transformers import AutoTokenizer
+    if args.tokenizer:
+        return AutoTokenizer.from_pretrained(args.tokenizer)
+    from lenserve.engine.llm_engine import FAKE_MODEL
+    if args.model == FAKE_MODEL:
+        from lenserve.engine.fake_executor import CharTokenizer
+        return CharTokenizer()
+    from services.executor.models.loader import preset_tokenizer, resolve
+    _, checkpoint = resolve(args.model)
+    # A preset's tokenizer loads without building the model's weights.
+    return preset_tokenizer() if checkpoint is None else AutoTokenizer.from_pretrained(checkpoint)
+
+
+def sample_config(args: argparse.Namespace) -> SampleConfig:
+    return SampleConfig(num_prompts=args.num_prompts, seed=args.seed,
+                        max_prompt_len=args.max_prompt_len, max_total_len=args.max_model_len,
+                        fixed_output_len=args.output_len, contiguous=args.trace_timestamps)
+
+
+def build_workloads(args: argparse.Namespace, samples: list[Sample], cfg: SampleConfig,
+                    rates: list[float], tokenizer) -> list[Workload]:
+    """The same sampled requests, timed once per request rate."""
+    chosen = sample_requests(samples, cfg, tokenizer)
+    return [build_workload(args.dataset_name, chosen, ArrivalConfig(
+        rate, args.burstiness, args.seed, args.trace_timestamps, args.trace_time_scale))
+        for rate in rates]
+
+
+def run_backend(spec: BackendSpec, options: BackendOptions, workloads: list[Workload],
+                rates: list[float], runner: RunnerConfig) -> list[BackendRun]:
+    backend = create_backend(spec, options)
+    try:
+        began = time.monotonic()
+        backend.start()
+        warm_up(backend, workloads[0], runner)
+        print(f"{spec.text}: ready in {time.monotonic() - began:.1f}s", file=sys.stderr)
+        return [replay(backend, w, runner, rate) for w, rate in zip(workloads, rates)]
+    finally:
+        backend.close()
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    # Everything a typo can break is checked before any model loads.
+    specs = parse_backends(args.backends)
+    slos = parse_goodput(args.goodput)
+    rates = parse_rates(args)
+    options = BackendOptions(model=args.model, hf_batch_size=args.hf_batch_size,
+                             served_model_name=args.served_model_name)
+    cfg = sample_config(args)
+    samples = load_samples(args.dataset_name, args.dataset_path)
+    workloads = build_workloads(args, samples, cfg, rates, load_tokenizer(args))
+    runner = RunnerConfig(show_progress=not args.disable_tqdm)
+    runs, failures = [], 0
+    for spec in specs:
+        try:
+            runs += run_backend(spec, options, workloads, rates, runner)
+        except Exception as exc:  # noqa: BLE001 - one broken backend must not lose the others' results
+            failures += 1
+            print(f"lenserve bench: backend {spec.text} failed: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+    results = summarize_runs(runs, slos)
+    if results:
+        print(format_report(results))
+    _write_outputs(args, results, runs)
+    return 1 if failures else 0
+
+
+def _write_outputs(args: argparse.Namespace, results: list[dict], runs: list[BackendRun]) -> None:
+    if args.result_json:
+        config = {k: v for k, v in vars(args).items() if k != "func"}
+        write_json(args.result_json, config, results, runs)
+    if args.sweep_rates and results:
+        plot = args.plot or (str(Path(args.result_json).with_suffix(".png")) if args.result_json
+                             else "bench_normalized_latency.png")
+        plot_normalized_latency(plot, results)
+        print(f"figure: {plot}", file=sys.stderr)

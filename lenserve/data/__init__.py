@@ -1,0 +1,1 @@
+"""Workload data shipped with lenserve (see README.md for origins and licences)."""

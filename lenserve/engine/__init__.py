@@ -1,0 +1,1 @@
+"""The in-process engine: scheduler + executor driven one iteration at a time."""

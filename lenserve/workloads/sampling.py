@@ -1,0 +1,142 @@
+"""Deterministic choice of N requests from a dataset, and their arrival times.
+
+Lengths are counted in the served model's tokenizer, as the papers and ``vllm bench serve``
+do: the prompt as the engine will see it (with special tokens) and the reference reply as
+generated tokens (without). Each request is then forced to that many output tokens with
+``ignore_eos``, so every backend does the same work.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lenserve.workloads.arrivals import synthetic_offsets, trace_offsets
+from lenserve.workloads.types import BenchRequest, Sample, Workload
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    num_prompts: int
+    seed: int = 0
+    # vLLM's ShareGPT filter: drop requests shorter than 4 tokens either side, prompts over
+    # 1024 tokens and prompt+output over 2048 (OPT's context).
+    min_len: int = 4
+    max_prompt_len: int = 1024
+    max_total_len: int = 2048
+    fixed_output_len: int | None = None
+    # A contiguous window keeps a trace's bursts and gaps; shuffling would thin them out.
+    contiguous: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_prompts < 1:
+            raise ValueError(f"--num-prompts must be >= 1, got {self.num_prompts}")
+        if self.fixed_output_len is not None and self.fixed_output_len < 1:
+            raise ValueError(f"output length must be >= 1, got {self.fixed_output_len}")
+
+
+@dataclass(frozen=True)
+class ArrivalConfig:
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    seed: int = 0
+    use_trace_timestamps: bool = False
+    trace_time_scale: float = 1.0
+
+
+class _Synthesiser:
+    """Random non-special token ids, for traces that give only a prompt length."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int | None, seed: int):
+        size = vocab_size or _vocab_size(tokenizer)
+        if not size:
+            raise ValueError("a tokenizer or a vocabulary size is needed to synthesise prompts")
+        special = getattr(tokenizer, "all_special_ids", None) or []
+        self.pool = np.setdiff1d(np.arange(size), np.asarray(special, dtype=np.int64))
+        self.seed = seed
+
+    def ids(self, index: int, length: int) -> tuple[int, ...]:
+        rng = np.random.default_rng([self.seed, index])
+        return tuple(int(t) for t in rng.choice(self.pool, size=length))
+
+
+def _vocab_size(tokenizer: Any) -> int | None:
+    if tokenizer is None:
+        return None
+    # len() counts added tokens that vocab_size leaves out; minimal tokenizers have only the latter.
+    return len(tokenizer) if hasattr(tokenizer, "__len__") else getattr(tokenizer, "vocab_size", None)
+
+
+def _encode(tokenizer: Any, text: str, special: bool) -> list[int]:
+    try:
+        return list(tokenizer.encode(text, add_special_tokens=special))
+    except TypeError:  # a tokenizer without special tokens takes no such flag
+        return list(tokenizer.encode(text))
+
+
+def _lengths(sample: Sample, tokenizer: Any, cfg: SampleConfig) -> tuple[tuple[int, ...] | None, int]:
+    """Prompt ids (None for length traces, synthesised later) and the output length."""
+    if sample.prompt is None:
+        output_len = sample.output_len or 0
+        return None, cfg.fixed_output_len or output_len
+    if tokenizer is None:
+        raise ValueError("a tokenizer is needed to count the tokens of a text dataset")
+    ids = tuple(_encode(tokenizer, sample.prompt, special=True))
+    output_len = cfg.fixed_output_len or len(_encode(tokenizer, sample.reference or "", special=False))
+    return ids, output_len
+
+
+def _fits(prompt_len: int, output_len: int, cfg: SampleConfig) -> bool:
+    return (prompt_len >= cfg.min_len and output_len >= cfg.min_len
+            and prompt_len <= cfg.max_prompt_len and prompt_len + output_len <= cfg.max_total_len)
+
+
+def _candidate_order(samples: Sequence[Sample], cfg: SampleConfig) -> list[int]:
+    rng = random.Random(cfg.seed)
+    if not cfg.contiguous:
+        order = list(range(len(samples)))
+        rng.shuffle(order)
+        return order
+    by_time = sorted(range(len(samples)), key=lambda i: samples[i].timestamp or 0.0)
+    # No wrap-around: rows from before the window would break its arrival pattern.
+    return by_time[rng.randrange(max(1, len(samples) - cfg.num_prompts + 1)):]
+
+
+def sample_requests(samples: Sequence[Sample], cfg: SampleConfig, tokenizer: Any = None,
+                    vocab_size: int | None = None) -> list[tuple[BenchRequest, Sample]]:
+    """``cfg.num_prompts`` requests (arrival offsets still 0) with the samples they came from;
+    the same seed gives the same requests."""
+    synth, chosen = None, []
+    for index in _candidate_order(samples, cfg):
+        sample = samples[index]
+        ids, output_len = _lengths(sample, tokenizer, cfg)
+        prompt_len = len(ids) if ids is not None else (sample.prompt_len or 0)
+        if not _fits(prompt_len, output_len, cfg):
+            continue
+        if ids is None:
+            synth = synth or _Synthesiser(tokenizer, vocab_size, cfg.seed)
+            ids = synth.ids(index, prompt_len)
+        request = BenchRequest(f"req-{len(chosen)}", ids, output_len, prompt=sample.prompt)
+        chosen.append((request, sample))
+        if len(chosen) == cfg.num_prompts:
+            return chosen
+    raise ValueError(f"only {len(chosen)} of {len(samples)} records fit the length limits "
+                     f"(prompt {cfg.min_len}..{cfg.max_prompt_len}, total <= {cfg.max_total_len}); "
+                     f"asked for {cfg.num_prompts}")
+
+
+def build_workload(name: str, chosen: Sequence[tuple[BenchRequest, Sample]],
+                   arrivals: ArrivalConfig) -> Workload:
+    """The chosen requests timed by ``arrivals`` and put in arrival order."""
+    if arrivals.use_trace_timestamps:
+        offsets = trace_offsets([s.timestamp for _, s in chosen], arrivals.trace_time_scale)
+    else:
+        offsets = synthetic_offsets(len(chosen), arrivals.request_rate, arrivals.burstiness,
+                                    arrivals.seed)
+    timed = [dataclasses.replace(r, arrival_offset=t) for (r, _), t in zip(chosen, offsets)]
+    return Workload(name, tuple(sorted(timed, key=lambda r: r.arrival_offset)))

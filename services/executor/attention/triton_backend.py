@@ -1,0 +1,91 @@
+"""lenserve's Triton attention: paged decode and (chunked-)prefill kernels behind one backend."""
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+
+from services.executor.attention.base import AttentionBackend, AttentionMetadata
+from services.executor.attention.triton_kernels import INTERPRETED, paged_decode, paged_prefill
+
+_MAX_SPLITS = 16
+
+
+@cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device,
+                      tile_n: int = 32) -> int:
+    """Split-KV factor for decode: enough programs to cover the GPU twice, no more.
+
+    Few sequences with long contexts leave most SMs idle without a split; many sequences fill
+    the GPU anyway and a split would only add the merge pass. Powers of two keep the number of
+    compiled variants small."""
+    if device.type != "cuda":
+        return 1
+    programs = max(num_seqs * num_kv_heads, 1)
+    want = min(2 * _num_sms(device.index or 0) // programs, max_seq_len // (4 * tile_n))
+    splits = 1
+    while splits * 2 <= min(want, _MAX_SPLITS):
+        splits *= 2
+    return splits
+
+
+class TritonAttention(AttentionBackend):
+    """Sequences with one query row go to the decode kernel, the others to the prefill kernel.
+
+    Both kernels are launched over the whole batch and skip the sequences of the other kind on
+    the device, so ``forward`` does no per-sequence host work and never syncs."""
+
+    name = "triton"
+
+    def __init__(self, num_splits: int | None = None, prefill_block_m: int = 64,
+                 tile_n: int = 32) -> None:
+        if num_splits is not None and (num_splits < 1 or num_splits & (num_splits - 1)):
+            raise ValueError(f"num_splits must be a power of two >= 1, got {num_splits}")
+        if tile_n < 16 or tile_n & (tile_n - 1):
+            # tl.arange needs a power of two, tl.dot at least 16.
+            raise ValueError(f"tile_n must be a power of two >= 16, got {tile_n}")
+        self.num_splits = num_splits
+        self.prefill_block_m = prefill_block_m
+        self.tile_n = tile_n
+
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        _check_inputs(q, k_cache, v_cache, meta)
+        out = torch.empty_like(q)
+        if q.shape[0] == 0 or meta.num_seqs == 0:
+            return out
+        args = (out, q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                meta.block_tables, scale)
+        splits = self.num_splits or choose_num_splits(
+            meta.num_seqs, k_cache.shape[2], meta.max_seq_len, q.device, self.tile_n)
+        paged_decode(*args, num_splits=splits, tile_n=self.tile_n)
+        if meta.max_query_len > 1:
+            paged_prefill(*args, max_query_len=meta.max_query_len,
+                          block_m=self.prefill_block_m, tile_n=self.tile_n)
+        return out
+
+
+def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  meta: AttentionMetadata) -> None:
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"expected q[T, H, D] and k/v caches [N, bs, Hkv, D] of one shape, got "
+                         f"q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
+    if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2]:
+        raise ValueError(f"q heads/head_dim {tuple(q.shape[1:])} do not fit the cache's "
+                         f"kv heads/head_dim {tuple(k_cache.shape[2:])}")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, "
+                         f"{v_cache.dtype}")
+    if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("q and the caches need a contiguous head_dim")
+    for name in ("query_start_loc", "seq_lens", "block_tables"):
+        t = getattr(meta, name)
+        if t.device != q.device or t.dtype != torch.int32:
+            raise ValueError(f"meta.{name} must be int32 on {q.device}, got {t.dtype} on {t.device}")
+    if q.device.type == "cpu" and not INTERPRETED:
+        raise RuntimeError("Triton attention on CPU tensors needs TRITON_INTERPRET=1 set before "
+                           "triton kernels are imported; without it Triton needs a GPU")

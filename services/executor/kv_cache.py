@@ -1,0 +1,119 @@
+"""The device KV pool: fixed-size blocks shared by all layers, addressed by block tables.
+
+All layers live in one tensor ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``
+so that exporting a request's blocks is one gather whose result already has the host layout
+``[num_layers, 2, n, block_size, num_kv_heads, head_dim]`` (see ``Executor.export_blocks``).
+Which block belongs to whom is the scheduler's business; ``BlockAllocator`` is the minimal
+bookkeeping for callers that drive the executor directly (tests, benchmarks).
+"""
+from __future__ import annotations
+
+import torch
+
+from lenserve.sampling_params import InvalidRequestError
+
+
+class KVCachePool:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+        if num_blocks < 1 or block_size < 1:
+            raise InvalidRequestError(
+                f"KV pool needs num_blocks >= 1 and block_size >= 1, got {num_blocks} and "
+                f"{block_size}", field="num_gpu_blocks")
+        self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.cache = torch.zeros((num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim),
+                                 dtype=dtype, device=device)
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                        dtype: torch.dtype) -> int:
+        elem = torch.empty(0, dtype=dtype).element_size()
+        return num_layers * 2 * block_size * num_kv_heads * head_dim * elem
+
+    @property
+    def block_bytes(self) -> int:
+        return self.bytes_per_block(self.num_layers, self.block_size, self.num_kv_heads,
+                                    self.head_dim, self.cache.dtype)
+
+    def layer(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(k_cache, v_cache)`` of one layer, each ``[num_blocks, block_size, Hkv, D]``."""
+        return self.cache[idx, 0], self.cache[idx, 1]
+
+    def write(self, idx: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Store ``k, v[num_tokens, Hkv, D]`` at flat slots ``block * block_size + offset``."""
+        k_cache, v_cache = self.layer(idx)
+        k_cache.view(-1, self.num_kv_heads, self.head_dim)[slot_mapping] = k.to(k_cache.dtype)
+        v_cache.view(-1, self.num_kv_heads, self.head_dim)[slot_mapping] = v.to(v_cache.dtype)
+
+    def check_block_ids(self, block_ids: list[int], field: str = "block_ids") -> None:
+        bad = [b for b in block_ids if not 0 <= b < self.num_blocks]
+        if bad:
+            raise InvalidRequestError(
+                f"unknown KV block id(s) {bad[:8]}: the pool has blocks 0..{self.num_blocks - 1}",
+                field=field)
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Device-to-device ``(src, dst)`` copies; all sources are read before any write so that
+        chains like ``[(0, 1), (1, 2)]`` copy the original contents."""
+        if not pairs:
+            return
+        self.check_block_ids([b for pair in pairs for b in pair], field="copy_blocks")
+        src = torch.tensor([s for s, _ in pairs], device=self.cache.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.cache.device)
+        self.cache[:, :, dst] = self.cache[:, :, src].clone()
+
+    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        self.check_block_ids(block_ids)
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.cache.device)
+        return self.cache[:, :, idx].to("cpu").contiguous()
+
+    def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
+        self.check_block_ids(block_ids)
+        want = (self.num_layers, 2, len(block_ids), self.block_size, self.num_kv_heads,
+                self.head_dim)
+        if tuple(data.shape) != want:
+            raise InvalidRequestError(
+                f"imported KV data has shape {tuple(data.shape)}, expected {want}", field="data")
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.cache.device)
+        self.cache[:, :, idx] = data.to(device=self.cache.device, dtype=self.cache.dtype)
+
+
+def slot_mapping(block_table: list[int], start: int, num_tokens: int, block_size: int) -> list[int]:
+    """Flat cache slots of positions ``start .. start + num_tokens - 1`` of one request."""
+    return [block_table[p // block_size] * block_size + p % block_size
+            for p in range(start, start + num_tokens)]
+
+
+class BlockAllocator:
+    """Free-list bookkeeping of device blocks for callers without a scheduler."""
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))
+        self._used: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise MemoryError(f"asked for {n} KV blocks, {len(self._free)} free")
+        blocks = [self._free.pop() for _ in range(n)]
+        self._used.update(blocks)
+        return blocks
+
+    def free(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if b not in self._used:
+                raise ValueError(f"block {b} is not allocated")
+            self._used.remove(b)
+            self._free.append(b)
+
+    def check_integrity(self) -> None:
+        """Every block is either free or used, never both, never twice."""
+        free = set(self._free)
+        assert len(free) == len(self._free), "a block is on the free list twice"
+        assert not free & self._used, "a block is both free and used"
+        assert free | self._used == set(range(self.num_blocks)), "a block was lost"

@@ -1,0 +1,1 @@
+"""Model families (OPT, Llama) over flat ragged batches, presets, and the loader."""

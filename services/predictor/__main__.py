@@ -1,0 +1,234 @@
+"""`python -m services.predictor` / `lenserve predictor serve|build|eval`: CLI → frozen config."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+from services.predictor.config import EmbedderConfig, PredictorConfig, StoreConfig
+
+log = logging.getLogger("lenserve.predictor")
+DEFAULT_PORT = 50053  # documented default; override with --port or LENSERVE_PREDICTOR_PORT
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("predictor")
+    g.add_argument("--qdrant-path", default=os.environ.get("LENSERVE_QDRANT_PATH", ":memory:"),
+                   help="embedded Qdrant: ':memory:' or a directory that persists")
+    g.add_argument("--qdrant-url", default=os.environ.get("LENSERVE_QDRANT_URL"),
+                   help="a Qdrant server instead of embedded mode")
+    g.add_argument("--model", default="default", help="served model whose DB is used")
+    g.add_argument("--encoder", default=None, help="sentence-transformers model path")
+    g.add_argument("--max-seq-length", type=int, default=128)
+    g.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch default)")
+    g.add_argument("--top-k", type=int, default=8)
+    g.add_argument("--similarity-threshold", type=float, default=0.8, help="ALISE s0")
+    g.add_argument("--max-points", type=int, default=50_000, help="DB bound per model")
+
+
+def config_from_args(args) -> PredictorConfig:
+    return PredictorConfig(
+        embedder=EmbedderConfig(args.encoder, args.max_seq_length, num_threads=args.threads),
+        store=StoreConfig(qdrant_path=args.qdrant_path, qdrant_url=args.qdrant_url,
+                          max_points_per_model=args.max_points),
+        default_model=args.model, top_k=args.top_k,
+        similarity_threshold=args.similarity_threshold,
+        retrain_every=getattr(args, "retrain_every", 1000))
+
+
+def mlp_path(config: PredictorConfig, model: str) -> str | None:
+    """Where build leaves the MLP of a model for serve: beside an on-disk Qdrant directory."""
+    if config.store.qdrant_path == ":memory:" or config.store.qdrant_url:
+        return None
+    from services.predictor.store import collection_name
+
+    return os.path.join(config.store.qdrant_path + "-mlp", collection_name("mlp", model) + ".npz")
+
+
+def load_or_train_mlps(predictor) -> None:
+    for model in predictor.store.models():
+        path = mlp_path(predictor.config, model)
+        try:
+            if path and os.path.exists(path):
+                predictor.load_mlp(model, path)
+            else:
+                predictor.retrain(model)
+        except ValueError as exc:
+            log.info("no MLP for %s yet: %s", model, exc)
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    p.add_argument("--host", default=os.environ.get("LENSERVE_PREDICTOR_HOST", "0.0.0.0"))
+    p.add_argument("--port", type=int,
+                   default=int(os.environ.get("LENSERVE_PREDICTOR_PORT", DEFAULT_PORT)))
+    p.add_argument("--kafka-bootstrap", default=os.environ.get("LENSERVE_KAFKA_BOOTSTRAP"))
+    p.add_argument("--kafka-topic", default="completions")
+    p.add_argument("--celery-broker", default=os.environ.get("LENSERVE_CELERY_BROKER"))
+    p.add_argument("--retrain-every", type=int, default=1000, help="new records per retrain")
+    p.add_argument("--retrain-interval-s", type=float, default=0.0,
+                   help="also retrain periodically (0 = off)")
+
+
+def _start_kafka(args, predictor, stop: threading.Event) -> threading.Thread | None:
+    if not args.kafka_bootstrap:
+        return None
+
+    def loop() -> None:
+        from services.predictor.kafka_bus import CompletionConsumer, ensure_topic
+
+        # An unreachable broker is retried, never fatal: Observe over gRPC still works.
+        while not stop.is_set():
+            try:
+                ensure_topic(args.kafka_bootstrap, args.kafka_topic)
+                consumer = CompletionConsumer(args.kafka_bootstrap, predictor.observe,
+                                              topic=args.kafka_topic)
+                consumer.run(stop)
+                consumer.close()
+            except Exception as exc:
+                log.error("Kafka at %s unavailable (%s); retrying in 5 s",
+                          args.kafka_bootstrap, exc)
+                stop.wait(5.0)
+    thread = threading.Thread(target=loop, name="kafka-completions", daemon=True)
+    thread.start()
+    return thread
+
+
+def _periodic_retrain(predictor, interval_s: float, stop: threading.Event) -> None:
+    while not stop.wait(interval_s):
+        for model in predictor.store.models():
+            try:
+                predictor._trigger_retrain(model)
+            except Exception as exc:
+                log.warning("periodic retrain of %s failed: %s", model, exc)
+
+
+async def serve_async(args) -> int:
+    from services.predictor.core import Predictor
+    from services.predictor.servicer import build_server, mark_serving
+
+    config = config_from_args(args)
+    predictor = Predictor(config)
+    if args.celery_broker:
+        from services.predictor import tasks
+
+        tasks.configure(args.celery_broker)
+        predictor.retrain_hook = tasks.CeleryRetrainer(predictor)
+    load_or_train_mlps(predictor)
+    server, port = build_server(predictor, f"{args.host}:{args.port}")
+    await server.start()
+    await mark_serving(server)
+    stop = threading.Event()
+    _start_kafka(args, predictor, stop)
+    if args.retrain_interval_s > 0:
+        threading.Thread(target=_periodic_retrain, args=(predictor, args.retrain_interval_s, stop),
+                         daemon=True).start()
+    log.info("predictor serving on %s:%d (models: %s)", args.host, port, predictor.store.models())
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, done.set)
+    await done.wait()
+    stop.set()
+    await server.stop(grace=5)
+    predictor.store.close()
+    return 0
+
+
+def serve(args) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    return asyncio.run(serve_async(args))
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset-name", required=True, choices=["sharegpt", "alpaca"])
+    p.add_argument("--dataset-path", required=True)
+    p.add_argument("--tokenizer", default=None, help="served model's tokenizer (default MiniLM)")
+    p.add_argument("--num-train", type=int, default=2000)
+    p.add_argument("--num-test", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _load_split(args):
+    from services.predictor import datasets
+
+    samples = datasets.load(args.dataset_name, args.dataset_path)
+    train, test = datasets.split(samples, args.num_train, args.num_test, args.seed)
+    return train, test, datasets.load_tokenizer(args.tokenizer)
+
+
+def build(args) -> int:
+    from services.predictor import datasets, mlp
+    from services.predictor.core import Predictor
+
+    config = dataclasses.replace(config_from_args(args), retrain_every=0)
+    train, _, tokenizer = _load_split(argparse.Namespace(**{**vars(args), "num_test": 0}))
+    lengths = datasets.count_tokens(tokenizer, [s.reply for s in train])
+    predictor = Predictor(config)
+    t0 = time.perf_counter()
+    created = predictor.seed(args.model, [s.prompt for s in train], lengths)
+    version = predictor.retrain(args.model)
+    path = mlp_path(config, args.model)
+    if path:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        mlp.save(predictor.mlps.get(args.model).module, path, len(train))
+    print(f"seeded {len(train)} records ({created} new points, "
+          f"{predictor.store.count(args.model)} in DB) for model {args.model!r}; MLP v{version}"
+          f"{' saved to ' + path if path else ''} in {time.perf_counter() - t0:.1f}s")
+    predictor.store.close()
+    return 0
+
+
+def evaluate(args) -> int:
+    from services.predictor import evaluate as ev
+    from services.predictor.proxy import ProxyConfig
+
+    train, test, tokenizer = _load_split(args)
+    data = ev.prepare(train, test, tokenizer)
+    config = dataclasses.replace(config_from_args(args), store=StoreConfig(), retrain_every=0)
+    proxy = ProxyConfig(encoder_path=args.encoder, epochs=args.proxy_epochs)
+    rows = ev.run(data, config, proxy, args.bucket_width, args.num_buckets,
+                  with_proxy=args.proxy_epochs > 0)
+    print(f"{args.dataset_name}: train {len(train)}, test {len(test)}; lengths in tokens of "
+          f"{args.tokenizer or 'all-MiniLM-L6-v2'}; buckets: width {args.bucket_width}, "
+          f"{args.num_buckets} buckets (last open-ended)")
+    print(ev.format_table(rows))
+    return 0
+
+
+def add_eval_args(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    add_data_args(p)
+    p.add_argument("--bucket-width", type=int, default=100)
+    p.add_argument("--num-buckets", type=int, default=10)
+    p.add_argument("--proxy-epochs", type=int, default=2, help="0 skips the proxy baseline")
+
+
+def register_subcommands(sub) -> None:
+    s = sub.add_parser("serve", help="run the gRPC PredictorService")
+    add_serve_args(s)
+    s.set_defaults(func=serve)
+    b = sub.add_parser("build", help="seed the DB from a data set and train the MLP")
+    add_common(b)
+    add_data_args(b)
+    b.set_defaults(func=build)
+    e = sub.add_parser("eval", help="ALISE vs baselines on a train/test split")
+    add_eval_args(e)
+    e.set_defaults(func=evaluate)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.predictor")
+    register_subcommands(parser.add_subparsers(dest="action", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""`lenserve predictor eval`: ALISE against its baselines on one train/test split, same run."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.predictor import datasets
+from services.predictor.config import PredictorConfig, StoreConfig
+from services.predictor.core import Predictor
+from services.predictor.metrics import LengthMetrics, latency_percentiles, length_metrics
+from services.predictor.proxy import ProxyConfig, ProxyRegressor
+
+EVAL_MODEL = "eval"
+NEVER, ALWAYS = 2.0, -2.0  # similarity thresholds that disable / force retrieval
+
+
+@dataclass(frozen=True)
+class Row:
+    method: str
+    metrics: LengthMetrics
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    batch32_per_s: float = float("nan")
+    batch32_ms_per_prompt: float = float("nan")
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class EvalData:
+    train_prompts: list[str]
+    train_lengths: np.ndarray
+    test_prompts: list[str]
+    test_lengths: np.ndarray
+
+
+def prepare(train, test, tokenizer) -> EvalData:
+    return EvalData([s.prompt for s in train],
+                    np.array(datasets.count_tokens(tokenizer, [s.reply for s in train])),
+                    [s.prompt for s in test],
+                    np.array(datasets.count_tokens(tokenizer, [s.reply for s in test])))
+
+
+def build_predictor(data: EvalData, config: PredictorConfig, calib_fraction: float = 0.1,
+                    tune: bool = True):
+    """Seed the DB, train the MLP, then calibrate on a held-out slice of the training part."""
+    config = dataclasses.replace(config, store=StoreConfig(qdrant_path=":memory:"),
+                                 retrain_every=0, default_model=EVAL_MODEL)
+    predictor = Predictor(config)
+    n_fit = int(len(data.train_prompts) * (1 - calib_fraction))
+    predictor.seed(EVAL_MODEL, data.train_prompts[:n_fit], data.train_lengths[:n_fit])
+    predictor.retrain(EVAL_MODEL)
+    if tune:
+        s0 = tune_threshold(predictor, data.train_prompts[n_fit:], data.train_lengths[n_fit:])
+        _with_threshold(predictor, s0)
+    predictor.calibrate(EVAL_MODEL, data.train_prompts[n_fit:], data.train_lengths[n_fit:])
+    predictor.seed(EVAL_MODEL, data.train_prompts[n_fit:], data.train_lengths[n_fit:])
+    return predictor
+
+
+def tune_threshold(predictor: Predictor, prompts: list[str], lengths,
+                   candidates=(0.6, 0.7, 0.8, 0.9)) -> float:
+    """The s0 with the least mean |log error| on held-out pairs (call before seeding them)."""
+    vectors = predictor.embedder.encode(prompts)
+    real = np.log1p(np.asarray(lengths, float))
+
+    def err(s0: float) -> float:
+        preds = _with_threshold(predictor, s0).predict_vectors(EVAL_MODEL, vectors)
+        return float(np.mean(np.abs(np.log1p([p.length for p in preds]) - real)))
+    return min(candidates, key=err)
+
+
+def _with_threshold(predictor: Predictor, s0: float) -> Predictor:
+    predictor.config = dataclasses.replace(predictor.config, similarity_threshold=s0)
+    return predictor
+
+
+def time_calls(fn, prompts: list[str], single: int = 200, batches: int = 10):
+    """p50/p99 of single-prompt calls, and prompts/s and ms/prompt for batches of 32."""
+    single_t = []
+    for p in prompts[:single]:
+        t0 = time.perf_counter()
+        fn([p])
+        single_t.append(time.perf_counter() - t0)
+    batch_t = []
+    for i in range(batches):
+        chunk = [prompts[(32 * i + j) % len(prompts)] for j in range(32)]
+        t0 = time.perf_counter()
+        fn(chunk)
+        batch_t.append(time.perf_counter() - t0)
+    p50, p99 = latency_percentiles(single_t)
+    per_batch = float(np.median(batch_t))
+    return p50, p99, 32 / per_batch, per_batch / 32 * 1e3
+
+
+def run(data: EvalData, config: PredictorConfig, proxy_config: ProxyConfig,
+        width: int = 100, num_buckets: int = 10, with_proxy: bool = True) -> list[Row]:
+    real = data.test_lengths
+    metric = lambda pred, upper=None: length_metrics(pred, real, upper, width, num_buckets)  # noqa: E731
+    rows = [Row("global mean", metric(np.full(len(real), data.train_lengths.mean())))]
+    if with_proxy:
+        rows.append(_proxy_row(data, proxy_config, metric))
+    predictor = build_predictor(data, config)
+    vectors = predictor.embedder.encode(data.test_prompts)
+    s0 = predictor.config.similarity_threshold
+    for name, threshold in (("retrieval only", ALWAYS), ("MLP only", NEVER), ("ALISE", s0)):
+        preds = _with_threshold(predictor, threshold).predict_vectors(EVAL_MODEL, vectors)
+        lengths = [p.length for p in preds]
+        uppers = [p.upper_quantile for p in preds]
+        timing = time_calls(predictor.predict, data.test_prompts) if name == "ALISE" else ()
+        share = np.mean([p.source.value == "retrieval" for p in preds])
+        note = f"retrieval {share:.0%}" + (f", s0={s0}" if name == "ALISE" else "")
+        rows.append(Row(name, metric(lengths, uppers), *timing, note=note))
+    predictor.store.close()
+    return rows
+
+
+def _proxy_row(data: EvalData, proxy_config: ProxyConfig, metric) -> Row:
+    t0 = time.perf_counter()
+    proxy = ProxyRegressor(proxy_config).fit(data.train_prompts, list(data.train_lengths))
+    fit_s = time.perf_counter() - t0
+    pred = proxy.predict(data.test_prompts)
+    timing = time_calls(proxy.predict, data.test_prompts)
+    return Row("proxy (MiniLM fine-tuned)", metric(pred), *timing, note=f"fit {fit_s:.0f}s")
+
+
+def format_table(rows: list[Row]) -> str:
+    head = (f"{'method':<26} {'acc':>5} {'meanRE':>7} {'medRE':>6} {'tau':>6} {'rho':>6} "
+            f"{'under':>6} {'upper⊇':>6} {'p50ms':>6} {'p99ms':>6} {'b32/s':>6} {'ms/p':>5}  note")
+    lines = [head]
+    for r in rows:
+        m = r.metrics
+        lines.append(f"{r.method:<26} {m.bucket_accuracy:5.3f} {m.mean_rel_error:7.3f} "
+                     f"{m.median_rel_error:6.3f} {m.kendall_tau:6.3f} {m.spearman_rho:6.3f} "
+                     f"{m.under_predicted:6.3f} {m.upper_covered:6.3f} {r.p50_ms:6.1f} "
+                     f"{r.p99_ms:6.1f} {r.batch32_per_s:6.0f} {r.batch32_ms_per_prompt:5.1f}  "
+                     f"{r.note}")
+    return "\n".join(lines)

@@ -1,0 +1,94 @@
+"""The MLP fallback: embedding → log output length, trained from the DB's contents.
+
+Served weights live in an immutable `MLPWeights`; a retrain builds a new one and swaps the
+reference in a single assignment, so a concurrent predict sees either the old or the new
+model, never a half-loaded one.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from services.predictor.config import MLPConfig
+
+
+def build_module(dim: int, hidden: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(0.1),
+                         nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, 1))
+
+
+@dataclass(frozen=True)
+class MLPWeights:
+    module: nn.Module
+    version: int
+    num_records: int
+
+    def predict(self, vectors: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            out = self.module(torch.from_numpy(np.ascontiguousarray(vectors, np.float32)))
+        # Lengths are heavy-tailed; the model regresses log1p(length), which treats a 2×
+        # error alike for short and long replies.
+        return np.expm1(out.squeeze(-1).numpy()).clip(min=1.0)
+
+
+def train(vectors: np.ndarray, lengths: np.ndarray, config: MLPConfig) -> nn.Module:
+    if len(vectors) < config.min_train_records:
+        raise ValueError(f"need at least {config.min_train_records} records to train the MLP, "
+                         f"got {len(vectors)}")
+    gen = torch.Generator().manual_seed(config.seed)
+    torch.manual_seed(config.seed)
+    x = torch.from_numpy(np.asarray(vectors, np.float32))
+    y = torch.log1p(torch.from_numpy(np.asarray(lengths, np.float32)))
+    module = build_module(x.shape[1], config.hidden)
+    opt = torch.optim.AdamW(module.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    module.train()
+    for _ in range(config.epochs):
+        for idx in torch.randperm(len(x), generator=gen).split(config.batch_size):
+            loss = nn.functional.smooth_l1_loss(module(x[idx]).squeeze(-1), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return module.eval()
+
+
+def save(module: nn.Module, path: str, num_records: int) -> None:
+    # npz of plain arrays: a worker's output is loaded without unpickling anything.
+    arrays = {k: v.detach().numpy() for k, v in module.state_dict().items()}
+    np.savez(path, __num_records__=np.array(num_records), **arrays)
+
+
+def load(path: str) -> tuple[nn.Module, int]:
+    with np.load(path) as data:
+        state = {k: torch.from_numpy(data[k]) for k in data.files if k != "__num_records__"}
+        num_records = int(data["__num_records__"])
+    dim, hidden = state["0.weight"].shape[1], state["0.weight"].shape[0]
+    module = build_module(dim, hidden)
+    module.load_state_dict(state)
+    return module.eval(), num_records
+
+
+class MLPSlot:
+    """The served MLP of each model, swapped atomically with a version counter."""
+
+    def __init__(self):
+        self._weights: dict[str, MLPWeights] = {}
+        self._lock = threading.Lock()
+
+    def get(self, model: str) -> MLPWeights | None:
+        return self._weights.get(model)
+
+    def version(self, model: str) -> int:
+        w = self._weights.get(model)
+        return 0 if w is None else w.version
+
+    def swap(self, model: str, module: nn.Module, num_records: int) -> int:
+        with self._lock:
+            version = self.version(model) + 1
+            new = dict(self._weights)
+            new[model] = MLPWeights(module.eval(), version, num_records)
+            self._weights = new
+            return version

@@ -1,0 +1,68 @@
+"""The proxy-model baseline of S3/SSJF: a small BERT-style encoder (MiniLM) fine-tuned with a
+regression head on log output length. Every prediction runs the whole encoder, which is the
+cost ALISE's retrieval avoids."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    encoder_path: str | None = None
+    max_seq_length: int = 64
+    epochs: int = 2
+    batch_size: int = 16
+    lr: float = 5e-5
+    head_lr: float = 1e-3
+    seed: int = 0
+
+
+class ProxyRegressor(nn.Module):
+    def __init__(self, config: ProxyConfig):
+        super().__init__()
+        from transformers import AutoModel, AutoTokenizer
+
+        from services.predictor.embedder import default_encoder_path
+
+        path = config.encoder_path or default_encoder_path()
+        self.config = config
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.encoder = AutoModel.from_pretrained(path)
+        self.head = nn.Linear(self.encoder.config.hidden_size, 1)
+
+    def forward(self, prompts: list[str]) -> torch.Tensor:
+        batch = self.tokenizer(prompts, padding=True, truncation=True,
+                               max_length=self.config.max_seq_length, return_tensors="pt")
+        hidden = self.encoder(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return self.head(pooled).squeeze(-1)
+
+    def fit(self, prompts: list[str], lengths: list[int]) -> "ProxyRegressor":
+        torch.manual_seed(self.config.seed)
+        gen = torch.Generator().manual_seed(self.config.seed)
+        y = torch.log1p(torch.tensor(lengths, dtype=torch.float32))
+        # Start the head at the mean so early steps tune the encoder, not a bias offset.
+        nn.init.zeros_(self.head.weight)
+        nn.init.constant_(self.head.bias, float(y.mean()))
+        opt = torch.optim.AdamW([{"params": self.encoder.parameters(), "lr": self.config.lr},
+                                 {"params": self.head.parameters(), "lr": self.config.head_lr}])
+        self.train()
+        for _ in range(self.config.epochs):
+            for idx in torch.randperm(len(prompts), generator=gen).split(self.config.batch_size):
+                loss = nn.functional.smooth_l1_loss(self([prompts[i] for i in idx]), y[idx])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        return self.eval()
+
+    def predict(self, prompts: list[str], batch_size: int = 64) -> np.ndarray:
+        out = []
+        with torch.inference_mode():
+            for i in range(0, len(prompts), batch_size):
+                out.append(self(prompts[i:i + batch_size]).numpy())
+        return np.expm1(np.concatenate(out)).clip(min=1.0)

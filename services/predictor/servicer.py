@@ -1,0 +1,61 @@
+"""gRPC shell of the predictor: PredictorService plus the standard health service."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from lenserve.proto import predictor_pb2, predictor_pb2_grpc
+from services.predictor import convert
+from services.predictor.core import Predictor
+from services.predictor.types import PredictionError
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "lenserve.proto.PredictorService"
+# A batch bigger than this is a client bug; refuse it rather than stall every other caller.
+MAX_PROMPTS_PER_CALL = 4096
+
+class PredictorServicer(predictor_pb2_grpc.PredictorServiceServicer):
+    def __init__(self, predictor: Predictor):
+        self.predictor = predictor
+
+    async def Predict(self, request, context):
+        if len(request.prompts) > MAX_PROMPTS_PER_CALL:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"at most {MAX_PROMPTS_PER_CALL} prompts per call, "
+                                f"got {len(request.prompts)}")
+        # Embedding is CPU-bound; a worker thread keeps the event loop answering health checks.
+        preds = await asyncio.to_thread(self.predictor.predict, list(request.prompts),
+                                        request.model)
+        return predictor_pb2.PredictResponse(
+            predictions=[convert.prediction_to_pb(p) for p in preds])
+
+    async def Observe(self, request, context):
+        records = [convert.completion_from_pb(r) for r in request.records]
+        try:
+            result = await asyncio.to_thread(self.predictor.observe, records)
+        except Exception as exc:
+            log.exception("observe failed")
+            err = convert.error_to_pb(PredictionError("INTERNAL", str(exc)))
+            return predictor_pb2.ObserveResponse(accepted=0, rejected=len(records), errors=[err])
+        return predictor_pb2.ObserveResponse(
+            accepted=result.accepted, rejected=result.rejected,
+            errors=[convert.error_to_pb(e) for e in result.errors])
+
+def build_server(predictor: Predictor, address: str) -> tuple[grpc.aio.Server, int]:
+    """An unstarted grpc.aio server on address ('127.0.0.1:0' picks a free port)."""
+    server = grpc.aio.server()
+    predictor_pb2_grpc.add_PredictorServiceServicer_to_server(PredictorServicer(predictor), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise ValueError(f"cannot bind the predictor service to {address}")
+    server.health = health_servicer  # type: ignore[attr-defined]
+    return server, port
+
+async def mark_serving(server) -> None:
+    for name in ("", SERVICE_NAME):
+        await server.health.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -1,0 +1,182 @@
+"""The length DB: one Qdrant collection per served model of (prompt embedding → real length).
+
+Near-identical prompts are merged into one point, so repeated traffic refines a length
+instead of crowding the top-k. The collection is bounded; eviction drops points seeded from a
+dataset before the served model's own completions, and the least recently seen first.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+from qdrant_client import QdrantClient, models
+
+from services.predictor.config import StoreConfig
+
+
+@dataclass(frozen=True)
+class Neighbours:
+    scores: np.ndarray  # (k,) cosine similarities, best first
+    lengths: np.ndarray  # (k,) stored lengths
+
+
+def open_client(config: StoreConfig) -> QdrantClient:
+    if config.qdrant_url:
+        return QdrantClient(url=config.qdrant_url, timeout=5)
+    return QdrantClient(location=":memory:") if config.qdrant_path == ":memory:" \
+        else QdrantClient(path=config.qdrant_path)
+
+
+def collection_name(prefix: str, model: str) -> str:
+    # Model names hold '/', ':' and dots; the hash keeps two names that sanitise alike apart.
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", model)[:48]
+    return f"{prefix}__{safe}_{hashlib.sha1(model.encode()).hexdigest()[:8]}"
+
+
+class LengthStore:
+    def __init__(self, config: StoreConfig, dim: int, client: QdrantClient | None = None):
+        self.config = config
+        self.dim = dim
+        self.client = client or open_client(config)
+        self._known: set[str] = set()
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _collection(self, model: str, create: bool) -> str | None:
+        name = collection_name(self.config.collection_prefix, model)
+        if name in self._known:
+            return name
+        if self.client.collection_exists(name):
+            self._known.add(name)
+            return name
+        if not create:
+            return None
+        self.client.create_collection(
+            name, vectors_config=models.VectorParams(size=self.dim, distance=models.Distance.COSINE))
+        self._known.add(name)
+        return name
+
+    def has_model(self, model: str) -> bool:
+        return self._collection(model, create=False) is not None
+
+    def models(self) -> list[str]:
+        out = []
+        for c in self.client.get_collections().collections:
+            if not c.name.startswith(self.config.collection_prefix + "__"):
+                continue
+            points, _ = self.client.scroll(c.name, limit=1, with_payload=["model"])
+            if points:
+                out.append(points[0].payload["model"])
+        return sorted(out)
+
+    def count(self, model: str) -> int:
+        name = self._collection(model, create=False)
+        return 0 if name is None else self.client.count(name, exact=True).count
+
+    def search(self, model: str, vectors: np.ndarray, k: int) -> list[Neighbours]:
+        name = self._collection(model, create=False)
+        empty = Neighbours(np.zeros(0, np.float32), np.zeros(0, np.float32))
+        if name is None or len(vectors) == 0:
+            return [empty] * len(vectors)
+        requests = [models.QueryRequest(query=v.tolist(), limit=k, with_payload=["length"])
+                    for v in vectors]
+        responses = self.client.query_batch_points(name, requests=requests)
+        return [Neighbours(np.array([p.score for p in r.points], np.float32),
+                           np.array([p.payload["length"] for p in r.points], np.float32))
+                for r in responses]
+
+    def upsert(self, model: str, vectors: np.ndarray, lengths: np.ndarray, now: float,
+               observed: bool = True) -> int:
+        """Add records, merging near-duplicates; returns how many new points were created."""
+        name = self._collection(model, create=True)
+        nearest = self._nearest(name, vectors)
+        points: dict[str, models.PointStruct] = {}
+        pending_vecs: list[np.ndarray] = []
+        pending_ids: list[str] = []
+        created = 0
+        for i, vec in enumerate(vectors):
+            target = self._merge_target(vec, nearest[i], pending_vecs, pending_ids, points)
+            if target is None:
+                pid = str(uuid.uuid4())
+                payload = {"model": model, "length": float(lengths[i]), "count": 1,
+                           "last_seen": now, "observed": observed}
+                points[pid] = models.PointStruct(id=pid, vector=vec.tolist(), payload=payload)
+                pending_vecs.append(vec)
+                pending_ids.append(pid)
+                created += 1
+            else:
+                pid, point = target
+                point.payload = merge_payload(point.payload, float(lengths[i]), now, observed,
+                                              self.config.merge_min_weight)
+                points[pid] = point
+        if points:
+            self.client.upsert(name, points=list(points.values()))
+        self._evict(name)
+        return created
+
+    def _nearest(self, name: str, vectors: np.ndarray) -> list:
+        requests = [models.QueryRequest(query=v.tolist(), limit=1, with_payload=True,
+                                        with_vector=True) for v in vectors]
+        return [r.points[0] if r.points else None
+                for r in self.client.query_batch_points(name, requests=requests)]
+
+    def _merge_target(self, vec, hit, pending_vecs, pending_ids, points):
+        # Duplicates inside one batch must merge with each other, not only with the DB.
+        if pending_vecs:
+            sims = np.stack(pending_vecs) @ vec
+            j = int(np.argmax(sims))
+            if sims[j] >= self.config.merge_threshold:
+                return pending_ids[j], points[pending_ids[j]]
+        if hit is None or hit.score < self.config.merge_threshold:
+            return None
+        pid = str(hit.id)
+        if pid in points:
+            return pid, points[pid]
+        return pid, models.PointStruct(id=pid, vector=list(hit.vector), payload=dict(hit.payload))
+
+    def _evict(self, name: str) -> None:
+        bound = self.config.max_points_per_model
+        n = self.client.count(name, exact=True).count
+        if n <= bound:
+            return
+        keep = int(bound * self.config.evict_to_fraction)
+        rows = self._scroll(name, with_vectors=False, fields=["observed", "last_seen"])
+        rows.sort(key=lambda p: (bool(p.payload.get("observed")), p.payload.get("last_seen", 0.0)))
+        victims = [p.id for p in rows[: n - keep]]
+        self.client.delete(name, points_selector=models.PointIdsList(points=victims))
+
+    def _scroll(self, name: str, with_vectors: bool, fields) -> list:
+        out, offset = [], None
+        while True:
+            batch, offset = self.client.scroll(name, limit=1024, offset=offset,
+                                               with_payload=fields, with_vectors=with_vectors)
+            out.extend(batch)
+            if offset is None:
+                return out
+
+    def export(self, model: str) -> tuple[np.ndarray, np.ndarray]:
+        """All (vectors, lengths) of a model, for training the MLP."""
+        name = self._collection(model, create=False)
+        if name is None:
+            return np.zeros((0, self.dim), np.float32), np.zeros(0, np.float32)
+        rows = self._scroll(name, with_vectors=True, fields=["length"])
+        if not rows:
+            return np.zeros((0, self.dim), np.float32), np.zeros(0, np.float32)
+        vecs = np.array([p.vector for p in rows], dtype=np.float32)
+        return vecs, np.array([p.payload["length"] for p in rows], dtype=np.float32)
+
+
+def merge_payload(old: dict, length: float, now: float, observed: bool, min_w: float) -> dict:
+    """The merged record of a near-duplicate prompt."""
+    if observed and not old.get("observed", False):
+        # The served model's own completion outranks a length seeded from a dataset.
+        return {**old, "length": length, "count": 1, "last_seen": now, "observed": True}
+    count = int(old.get("count", 1))
+    w = max(1.0 / (count + 1), min_w)
+    merged = float(old["length"]) + w * (length - float(old["length"]))
+    return {**old, "length": merged, "count": count + 1, "last_seen": now,
+            "observed": bool(old.get("observed")) or observed}

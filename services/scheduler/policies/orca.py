@@ -1,0 +1,90 @@
+"""Max-allocation FCFS baselines: ``orca`` (iteration-level) and ``static`` (request-level).
+
+``orca`` follows Orca (Yu et al., OSDI 2022) as the ALISE and EconoServe papers use it as a
+baseline: iteration-level scheduling over an FCFS queue with a fixed maximum batch size
+(``max_num_seqs``); on admission a request reserves KV for its whole possible length
+(prompt + ``max_tokens``, capped at the context length), so it never needs preemption; its
+prompt runs whole in one iteration (no chunking), and new requests join the batch at any
+iteration while the reservation, the token budget and the batch size allow.
+
+``static`` is request-level batching as in FasterTransformer-style serving (the "static
+batching" baseline of the Orca paper): a batch is formed from the head of the queue, with
+the same max-allocation, only when no request is running, and runs until every request in
+it has finished; requests that finish early leave idle slots.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from services.scheduler.output import Budget, SchedulerOutput
+from services.scheduler.policy import Policy
+from services.scheduler.request import Request, RequestStatus
+from services.scheduler.state import SchedulerState
+
+_RUNNING = RequestStatus.RUNNING
+
+
+class OrcaPolicy(Policy):
+    name = "orca"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def reserved_tokens(self, request: Request) -> int:
+        return min(request.num_prompt_tokens + request.sampling_params.max_tokens,
+                   self.config.max_model_len)
+
+    def add_request(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def remove_request(self, request: Request) -> None:
+        if request.status is not _RUNNING:
+            try:
+                self.waiting.remove(request)
+            except ValueError:
+                pass
+
+    def num_queued(self) -> int:
+        return len(self.waiting)
+
+    def may_admit(self) -> bool:
+        return True
+
+    def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
+        output = state.new_output()
+        self.running = [r for r in self.running if r.status is _RUNNING]
+        tokens = budget.max_num_batched_tokens
+        for req in self.running:
+            n = len(req.token_ids) - req.num_computed_tokens
+            if n > tokens:
+                continue
+            output.add(req, n)
+            tokens -= n
+        if self.may_admit():
+            self._admit(state, output, tokens, budget.max_num_seqs)
+        return output
+
+    def _admit(self, state: SchedulerState, output: SchedulerOutput, tokens: int,
+               max_num_seqs: int) -> None:
+        waiting, running = self.waiting, self.running
+        while waiting and len(running) < max_num_seqs:
+            req = waiting[0]
+            n = len(req.token_ids)
+            if n > tokens and output.scheduled:
+                break       # an oversized prompt runs alone rather than never
+            if not state.block_manager.allocate_slots(req.request_id, self.reserved_tokens(req)):
+                break
+            waiting.popleft()
+            state.admit(req)
+            running.append(req)
+            output.add(req, n)
+            tokens -= n
+
+
+class StaticPolicy(OrcaPolicy):
+    name = "static"
+
+    def may_admit(self) -> bool:
+        return not self.running

@@ -1,0 +1,91 @@
+"""vLLM V1's default scheduler (vllm/v1/core/sched/scheduler.py, ``Scheduler.schedule``).
+
+One FCFS waiting queue. Each step first schedules the running requests in admission order,
+each taking as many of its pending tokens as the token budget allows (a chunk of a long
+prompt, or one decode token). When a running request's new tokens do not fit in the free
+blocks, the most recently admitted running request is preempted by recompute: its blocks are
+freed, its computed tokens forgotten, and it returns to the front of the waiting queue; this
+repeats until the allocation fits or the request has preempted itself. Only if nothing was
+preempted in the step are waiting requests admitted, in arrival order, while the budget,
+``max_num_seqs`` and the free blocks allow. Work per step is O(running + admitted).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from services.scheduler.output import Budget, SchedulerOutput
+from services.scheduler.policy import Policy
+from services.scheduler.request import Request, RequestStatus
+from services.scheduler.state import SchedulerState
+
+_RUNNING = RequestStatus.RUNNING
+
+
+class VllmPolicy(Policy):
+    name = "vllm"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add_request(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def remove_request(self, request: Request) -> None:
+        # Running requests are dropped lazily at the next schedule(); only aborts reach the
+        # (rarely long) scan of the waiting queue.
+        if request.status is not _RUNNING:
+            try:
+                self.waiting.remove(request)
+            except ValueError:
+                pass
+
+    def num_queued(self) -> int:
+        return len(self.waiting)
+
+    def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
+        output = state.new_output()
+        self.running = [r for r in self.running if r.status is _RUNNING]
+        tokens = self._schedule_running(state, output, budget.max_num_batched_tokens)
+        if not output.preempted:
+            self._admit_waiting(state, output, tokens, budget.max_num_seqs)
+        return output
+
+    def _schedule_running(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
+        running, allocate = self.running, state.block_manager.allocate_slots
+        i = 0
+        while i < len(running) and tokens > 0:
+            req = running[i]
+            n = min(len(req.token_ids) - req.num_computed_tokens, tokens)
+            while not allocate(req.request_id, req.num_computed_tokens + n):
+                victim = running.pop()
+                state.preempt(victim, output)
+                self.waiting.appendleft(victim)
+                if victim is req:
+                    return tokens
+            output.add(req, n)
+            tokens -= n
+            i += 1
+        return tokens
+
+    def _admit_waiting(self, state: SchedulerState, output: SchedulerOutput, tokens: int,
+                       max_num_seqs: int) -> None:
+        waiting, running = self.waiting, self.running
+        chunked = self.config.enable_chunked_prefill
+        while waiting and tokens > 0 and len(running) < max_num_seqs:
+            req = waiting[0]
+            n = len(req.token_ids) - req.num_computed_tokens
+            if n > tokens:
+                # Without chunking a prompt must run whole; an oversized one runs alone.
+                if chunked:
+                    n = tokens
+                elif output.scheduled:
+                    break
+            if not state.block_manager.allocate_slots(req.request_id, req.num_computed_tokens + n):
+                break
+            waiting.popleft()
+            state.admit(req)
+            running.append(req)
+            output.add(req, n)
+            tokens -= n

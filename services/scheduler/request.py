@@ -1,0 +1,115 @@
+"""A request as the scheduler tracks it, and its state machine.
+
+    WAITING ──admit──▶ RUNNING ──finish──▶ FINISHED_{STOPPED,LENGTH,ABORTED,ERROR}
+       ▲                 │  │
+       └── PREEMPTED ◀───┘  └──▶ SWAPPED ──swap in──▶ RUNNING
+     (KV dropped, recomputed)   (KV held on the host)
+"""
+from __future__ import annotations
+
+import enum
+
+from lenserve.outputs import RequestMetrics
+from lenserve.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"     # KV dropped; waits to be recomputed
+    SWAPPED = "swapped"         # KV moved to the host tier; waits to be swapped back in
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+    @property
+    def status(self) -> RequestStatus:
+        return _STATUS_OF[self]
+
+
+_FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                       RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR})
+_STATUS_OF = {FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
+              FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH,
+              FinishReason.ABORT: RequestStatus.FINISHED_ABORTED,
+              FinishReason.ERROR: RequestStatus.FINISHED_ERROR}
+
+
+class Request:
+    """Mutable per-request state. Only the scheduler core changes ``status``."""
+
+    __slots__ = (
+        "eos_token_id",
+        "error",
+        "finish_reason",
+        "metrics",
+        "num_computed_tokens",
+        "num_preemptions",
+        "predicted_output_len",
+        "priority",
+        "prompt_token_ids",
+        "request_id",
+        "sampling_params",
+        "slo_deadline_s",
+        "status",
+        "stop_reason",
+        "token_ids",
+    )
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int],
+                 sampling_params: SamplingParams, arrival_time: float, *,
+                 eos_token_id: int | None = None, predicted_output_len: int | None = None,
+                 priority: int = 0, slo_deadline_s: float | None = None):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        # Prompt followed by outputs: recompute after preemption prefills all of it.
+        self.token_ids = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | str | None = None
+        # Set by a length predictor; length-aware policies order and size KV by it.
+        self.predicted_output_len = predicted_output_len
+        self.priority = priority
+        self.slo_deadline_s = slo_deadline_s
+        self.num_preemptions = 0
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.error: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+                f"out={self.num_output_tokens}, computed={self.num_computed_tokens})")

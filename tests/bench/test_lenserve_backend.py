@@ -1,0 +1,48 @@
+"""The in-process engine backend, on the engine's model-free executor."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lenserve.bench.backends import BackendOptions, create_backend, parse_backend_spec
+from lenserve.bench.runner import RunnerConfig, replay
+from lenserve.workloads.types import BenchRequest, Workload
+
+from .fakes import make_workload
+
+QUIET = RunnerConfig(show_progress=False)
+
+
+@pytest.fixture
+def backend():
+    b = create_backend(parse_backend_spec("lenserve:vllm"), BackendOptions(model="fake"))
+    b.start()
+    yield b
+    b.close()
+
+
+def test_outputs_have_the_asked_lengths_and_engine_token_times(backend):
+    workload = Workload("w", tuple(dataclasses.replace(r, output_len=n) for r, n in
+                                   zip(make_workload([0.0, 0.0, 0.02]).requests, [1, 5, 9])))
+    run = replay(backend, workload, QUIET)
+    assert [r.num_output_tokens for r in run.records] == [1, 5, 9]
+    for rec in run.records:
+        assert rec.success
+        assert rec.token_times == sorted(rec.token_times)
+        assert rec.arrival_time <= rec.token_times[0] <= rec.finish_time
+
+
+def test_a_refused_request_fails_alone(backend):
+    bad = BenchRequest("bad", (5, 6, 99999), 4)       # token id outside the vocabulary
+    good = make_workload([0.0]).requests[0]
+    run = replay(backend, Workload("w", (bad, good)), QUIET)
+    by_id = {r.request_id: r for r in run.records}
+    assert not by_id["bad"].success and "prompt_token_ids" in by_id["bad"].error
+    assert by_id["req-0"].success and by_id["req-0"].num_output_tokens == 3
+
+
+def test_ids_repeat_safely_across_runs(backend):
+    workload = make_workload([0.0, 0.0])
+    assert all(r.success for r in replay(backend, workload, QUIET).records)
+    assert all(r.success for r in replay(backend, workload, QUIET).records)

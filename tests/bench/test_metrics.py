@@ -1,0 +1,89 @@
+"""Metric definitions, checked on hand-computed records."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lenserve.bench.metrics import RequestRecord, meets_slos, parse_goodput, summarize
+
+
+def record(rid="r", arrival=0.0, times=(1.0, 1.5, 2.5), finish=None, output_len=3, **kw):
+    return RequestRecord(rid, prompt_len=10, output_len=output_len, arrival_time=arrival,
+                         token_times=list(times), finish_time=finish, **kw)
+
+
+def test_per_request_definitions_follow_vllm():
+    r = record(arrival=0.5, times=(1.0, 1.5, 2.5), finish=3.0)
+    assert r.ttft == pytest.approx(0.5)
+    assert r.e2el == pytest.approx(2.0)
+    assert r.tpot == pytest.approx((2.0 - 0.5) / 2)
+    assert r.itls == pytest.approx([0.5, 1.0])
+    assert r.jct == pytest.approx(2.5)            # until the client got the result
+    assert record(finish=None).jct == pytest.approx(2.5)
+    assert record(times=(1.0,), output_len=1).tpot is None
+
+
+def test_chunked_streams_count_tokens_not_chunks():
+    r = record(times=(1.0, 2.0), num_tokens=5, output_len=5)
+    assert r.num_output_tokens == 5
+    assert r.tpot == pytest.approx(1.0 / 4)
+
+
+def test_shifted_moves_every_time():
+    r = record(arrival=10.0, times=(11.0, 12.0), finish=13.0).shifted(10.0)
+    assert (r.arrival_time, r.token_times, r.finish_time) == (0.0, [1.0, 2.0], 3.0)
+
+
+def test_summary_throughput_latency_and_paper_metrics():
+    a = record("a", 0.0, (1.0, 2.0, 4.0))                 # e2el 4, 3 tokens, max gap 2
+    b = record("b", 1.0, (2.0, 2.5), output_len=2)        # e2el 1.5, 2 tokens, max gap 0.5
+    failed = record("c", 0.0, (), error="boom")
+    s = summarize([a, b, failed], duration_s=5.0)
+    assert (s["completed"], s["failed"], s["length_mismatches"]) == (2, 1, 0)
+    assert s["total_output_tokens"] == 5
+    assert s["request_throughput"] == pytest.approx(0.4)
+    assert s["output_throughput"] == pytest.approx(1.0)
+    assert s["ttft_ms"]["mean"] == pytest.approx(1000.0)
+    assert s["e2el_ms"]["median"] == pytest.approx(2750.0)
+    assert s["itl_ms"]["mean"] == pytest.approx(1000.0 * (1.0 + 2.0 + 0.5) / 3)
+    assert s["tpot_ms"]["mean"] == pytest.approx(1000.0 * (1.5 + 0.5) / 2)
+    assert s["normalized_latency_s_per_token"] == pytest.approx((4.0 / 3 + 1.5 / 2) / 2)
+    assert s["latency_bound_ms"]["max"] == pytest.approx(2000.0)
+    assert s["latency_bound_ms"]["mean"] == pytest.approx(1250.0)
+    assert "goodput" not in s
+
+
+def test_length_mismatch_is_counted():
+    s = summarize([record(times=(1.0, 2.0), output_len=3)], duration_s=1.0)
+    assert s["length_mismatches"] == 1
+
+
+def test_goodput_counts_requests_meeting_every_slo():
+    fast = record("f", 0.0, (0.1, 0.15, 0.2))
+    slow_first = record("s", 0.0, (0.9, 0.95, 1.0))
+    slos = parse_goodput(["ttft:500", "tpot:100"])
+    assert meets_slos(fast, slos) and not meets_slos(slow_first, slos)
+    s = summarize([fast, slow_first], duration_s=2.0, slos=slos)
+    assert s["goodput"] == pytest.approx(0.5)
+    assert s["slo_attainment"] == pytest.approx(0.5)
+
+
+def test_empty_summary_has_no_numbers_not_zeros():
+    s = summarize([record(times=(), error="x")], duration_s=1.0)
+    assert s["completed"] == 0 and math.isnan(s["ttft_ms"]["mean"])
+    assert math.isnan(s["normalized_latency_s_per_token"])
+
+
+@pytest.mark.parametrize("items,match", [
+    (["ttft"], "expected KEY:MS"), (["itl:5"], "expected KEY:MS"),
+    (["e2el:fast"], "not a number"), (["tpot:0"], "must be > 0"),
+])
+def test_bad_goodput_is_refused(items, match):
+    with pytest.raises(ValueError, match=match):
+        parse_goodput(items)
+
+
+def test_goodput_parses_like_vllm():
+    assert parse_goodput(["ttft:500", "e2el:2000.5"]) == {"ttft": 500.0, "e2el": 2000.5}
+    assert parse_goodput(None) == {}

@@ -1,0 +1,54 @@
+"""The side-by-side table, strict JSON with per-request records, and the sweep figure."""
+from __future__ import annotations
+
+import json
+import math
+
+from lenserve.bench.metrics import RequestRecord
+from lenserve.bench.report import format_report, plot_normalized_latency, summarize_runs, write_json
+from lenserve.bench.runner import BackendRun
+
+
+def run(backend, rate, scale=1.0):
+    records = [RequestRecord("r0", 4, 2, 0.0, [0.1 * scale, 0.3 * scale], 0.3 * scale),
+               RequestRecord("r1", 4, 2, 0.0, [], error="failed")]
+    return BackendRun(backend, rate, 1.0, records)
+
+
+def test_table_puts_backends_side_by_side():
+    results = summarize_runs([run("lenserve:vllm", math.inf), run("hf-cb", math.inf, 2.0)], {})
+    text = format_report(results)
+    header = next(line for line in text.splitlines() if "request rate" in line)
+    assert "lenserve:vllm" in header and "hf-cb" in header and "inf" in header
+    ttft = next(line for line in text.splitlines() if line.startswith("Mean TTFT"))
+    assert ttft.split()[-2:] == ["100.00", "200.00"]
+    assert "Goodput" not in text                       # no SLOs given
+    assert "Goodput" in format_report(summarize_runs([run("a", 1.0)], {"ttft": 150.0}))
+
+
+def test_one_table_per_rate():
+    results = summarize_runs([run("a", 1.0), run("a", 2.0)], {})
+    assert format_report(results).count("request rate") == 2
+
+
+def test_json_is_strict_and_holds_requests(tmp_path):
+    runs = [run("a", math.inf)]
+    path = tmp_path / "r.json"
+    write_json(path, {"num_prompts": 2}, summarize_runs(runs, {}), runs)
+
+    def refuse(constant):
+        raise AssertionError(f"non-standard JSON constant {constant}")
+
+    data = json.loads(path.read_text(), parse_constant=refuse)
+    (entry,) = data["runs"]
+    assert entry["request_rate"] == "inf" and entry["backend"] == "a"
+    assert [r["request_id"] for r in entry["requests"]] == ["r0", "r1"]
+    assert entry["requests"][0]["ttft"] == 0.1 and entry["requests"][1]["error"] == "failed"
+    assert data["config"] == {"num_prompts": 2}
+
+
+def test_sweep_figure_is_a_png(tmp_path):
+    results = summarize_runs([run(b, r, r) for b in ("a", "b") for r in (1.0, 2.0, 4.0)], {})
+    path = tmp_path / "sweep.png"
+    plot_normalized_latency(path, results)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

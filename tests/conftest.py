@@ -1,0 +1,25 @@
+"""Suite-wide set-up: offline model hubs, Triton's interpreter without a GPU, the gpu marker."""
+from __future__ import annotations
+
+import os
+
+# Before anything imports triton or transformers: @triton.jit reads TRITON_INTERPRET when the
+# decorator runs, and nothing may be fetched from a model hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

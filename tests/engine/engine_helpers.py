@@ -1,0 +1,38 @@
+"""Factories for engine tests: an engine on the deterministic fake executor and a fake clock."""
+from __future__ import annotations
+
+import itertools
+
+from lenserve.engine.fake_executor import FakeExecutor
+from lenserve.engine.llm_engine import EngineConfig, LLMEngine
+
+
+class TickClock:
+    """Advances one unit per read, so every engine timestamp is distinct and ordered."""
+
+    def __init__(self):
+        self._ticks = itertools.count()
+
+    def __call__(self) -> float:
+        return float(next(self._ticks))
+
+
+def make_engine(policy: str = "vllm", num_gpu_blocks: int = 64, block_size: int = 4,
+                max_model_len: int = 128, eos_period: int = 0, executor=None,
+                **config) -> LLMEngine:
+    executor = executor or FakeExecutor(num_gpu_blocks=num_gpu_blocks, block_size=block_size,
+                                        max_model_len=max_model_len, eos_period=eos_period)
+    cfg = EngineConfig(model="fake", policy=policy, check_integrity=True,
+                       max_model_len=max_model_len, **config)
+    return LLMEngine(cfg, executor=executor, clock=TickClock())
+
+
+def run_to_completion(engine: LLMEngine) -> dict:
+    finished = {}
+    for _ in range(10_000):
+        if not engine.has_unfinished_requests():
+            return finished
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    raise AssertionError("engine did not drain")

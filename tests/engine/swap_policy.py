@@ -1,0 +1,19 @@
+"""A policy that swaps one request out and back in, to test the swap path end to end."""
+from services.scheduler.policies.vllm import VllmPolicy
+
+
+class SwapOncePolicy(VllmPolicy):
+    name = "test-swap-once"
+
+    def schedule(self, state, budget):
+        if state.iteration == 2:
+            output = state.new_output()
+            self.parked = self.running.pop(0)
+            state.swap_out(self.parked, output)
+            return output
+        if state.iteration == 4:
+            output = state.new_output()
+            assert state.swap_in(self.parked, output)
+            self.running.insert(0, self.parked)
+            return output
+        return super().schedule(state, budget)

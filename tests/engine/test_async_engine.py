@@ -1,0 +1,79 @@
+import asyncio
+
+import pytest
+from engine_helpers import make_engine, run_to_completion
+
+from lenserve.engine.async_engine import AsyncEngine
+from lenserve.sampling_params import InvalidRequestError, SamplingParams
+
+
+@pytest.fixture
+def engine():
+    e = AsyncEngine(make_engine(num_gpu_blocks=32))
+    yield e
+    e.shutdown()
+
+
+async def collect(engine, prompt, request_id, **params):
+    tokens, text, outs = [], "", []
+    async for out in engine.generate(prompt, SamplingParams(temperature=0, **params), request_id):
+        tokens += out.outputs[0].token_ids
+        text += out.outputs[0].text
+        outs.append(out)
+    return tokens, text, outs
+
+
+async def test_concurrent_streams_match_offline_generation(engine):
+    prompts = [f"stream {i} " * (i + 1) for i in range(5)]
+    results = await asyncio.gather(*(collect(engine, p, f"s{i}", max_tokens=10)
+                                     for i, p in enumerate(prompts)))
+    offline = make_engine(num_gpu_blocks=32)
+    for i, p in enumerate(prompts):
+        offline.add_request(f"s{i}", prompt=p, sampling_params=SamplingParams(temperature=0, max_tokens=10))
+    expected = run_to_completion(offline)
+    for i, (tokens, text, outs) in enumerate(results):
+        final = expected[f"s{i}"].outputs[0]
+        assert (tokens, text) == (final.token_ids, final.text)
+        assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+        assert all(len(o.outputs[0].token_ids) == 1 for o in outs)   # one delta per token
+
+
+async def test_bad_request_raises_and_other_streams_continue(engine):
+    good = asyncio.ensure_future(collect(engine, "fine", "ok", max_tokens=20))
+    with pytest.raises(InvalidRequestError, match="empty"):
+        await collect(engine, "", "bad", max_tokens=5)
+    tokens, _, outs = await good
+    assert len(tokens) == 20 and outs[-1].outputs[0].finish_reason == "length"
+
+
+async def test_abort_ends_the_stream(engine):
+    stream = engine.generate("long one", SamplingParams(max_tokens=10_000, ignore_eos=True), "x")
+    first = await stream.__anext__()
+    assert not first.finished
+    assert await engine.abort("x")
+    outs = [out async for out in stream]
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
+    assert not await engine.abort("x")
+
+
+async def test_closing_the_stream_early_aborts_the_request(engine):
+    stream = engine.generate("long one", SamplingParams(max_tokens=10_000), "y")
+    await stream.__anext__()
+    await stream.aclose()
+    stats = await engine.stats()
+    assert stats.num_running == 0 and stats.num_free_blocks == 32
+
+
+async def test_event_loop_stays_responsive_while_generating(engine):
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.ensure_future(ticker())
+    await collect(engine, "responsive", "r", max_tokens=60)
+    task.cancel()
+    assert ticks > 60

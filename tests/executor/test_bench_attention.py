@@ -1,0 +1,54 @@
+"""``lenserve bench-attention``: shape parsing, traffic model, and its correctness pass."""
+import argparse
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+
+from lenserve.commands import bench_attention
+from lenserve.commands.bench_attention import BenchConfig, BenchShape
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser()
+    bench_attention.register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["bench-attention", *argv])
+
+
+def test_shapes_parse():
+    decode = BenchShape.parse("decode:32x1024")
+    assert (decode.batch, decode.q_len, decode.ctx) == (32, 1, 1024)
+    chunk = BenchShape.parse("chunk:2x8+30")
+    assert (chunk.batch, chunk.q_len, chunk.ctx) == (2, 8, 38)
+    assert BenchShape.parse("prefill:4x512").q_len == 512
+
+
+@pytest.mark.parametrize("text", ["foo:1x2", "decode:x", "chunk:2x8", "decode"])
+def test_bad_shape_is_named(text):
+    with pytest.raises(ValueError, match="bad shape"):
+        BenchShape.parse(text)
+
+
+def test_traffic_counts_kv_once_plus_q_and_out():
+    cfg = BenchConfig(num_heads=4, num_kv_heads=2, head_dim=8, dtype=torch.float16)
+    got = bench_attention.traffic_bytes(BenchShape("x", 3, 1, 10), cfg)
+    assert got == (2 * 3 * 10 * 2 * 8 + 2 * 3 * 1 * 4 * 8) * 2
+
+
+def test_bad_head_counts_rejected():
+    with pytest.raises(ValueError, match="multiple"):
+        bench_attention.run(parse(["--num-heads", "6", "--num-kv-heads", "4"]))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
+def test_without_gpu_runs_correctness_pass_only(capsys):
+    args = parse(["--dtype", "float32", "--num-heads", "4", "--num-kv-heads", "2",
+                  "--head-dim", "32", "--shapes", "decode:2x20", "chunk:1x5+9"])
+    assert bench_attention.run(args) == 0
+    out = capsys.readouterr().out
+    assert "timing needs a GPU" in out and "correctness: ok" in out
+    assert "GB/s" not in out

@@ -1,0 +1,70 @@
+"""Loading presets and Hugging Face checkpoint directories; clear errors for bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lenserve.sampling_params import InvalidRequestError
+from services.executor.models.llama import LlamaForCausalLM
+from services.executor.models.loader import ModelNotFoundError, build_hf_model, load_model
+from services.executor.models.opt import OPTForCausalLM
+from services.executor.models.presets import EOS_ID, PRESETS, list_presets
+from tests.factories import write_checkpoint
+
+
+@pytest.mark.parametrize("family,cls", [("opt", OPTForCausalLM), ("llama", LlamaForCausalLM)])
+def test_loads_a_checkpoint_directory(tmp_path, family, cls):
+    path = write_checkpoint(tmp_path, family, max_position_embeddings=512)
+    loaded = load_model(str(path))
+    assert isinstance(loaded.model, cls) and loaded.family == family
+    assert loaded.max_model_len == 512 and loaded.eos_token_id == EOS_ID
+    assert loaded.tokenizer("hello world")["input_ids"][-1] == EOS_ID
+
+
+def test_checkpoint_weights_equal_hf_weights(tmp_path):
+    path = write_checkpoint(tmp_path, "llama")
+    hf, ours = build_hf_model(str(path)), load_model(str(path)).model
+    hf_q = hf.model.layers[1].self_attn.q_proj.weight
+    ours_q = ours.layers[1].self_attn.qkv_proj.weight[: hf_q.shape[0]]
+    assert torch.equal(hf_q, ours_q)
+    assert torch.equal(hf.lm_head.weight, ours.lm_head.weight)
+
+
+def test_unknown_model_names_the_problem_and_the_presets(tmp_path):
+    with pytest.raises(ModelNotFoundError) as err:
+        load_model(str(tmp_path / "no-such-model"))
+    assert isinstance(err.value, InvalidRequestError) and err.value.code == "unknown_model"
+    assert "no-such-model" in str(err.value)
+    assert all(name in str(err.value) for name in list_presets())
+
+
+def test_unsupported_family_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(InvalidRequestError, match="gpt2"):
+        load_model(str(tmp_path))
+
+
+def test_unsupported_rope_scaling_is_refused(tmp_path):
+    path = write_checkpoint(tmp_path, "llama")
+    config = json.loads((path / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    config.pop("rope_parameters", None)
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="yarn"):
+        load_model(str(path))
+
+
+def test_presets_are_seeded_and_the_big_one_has_300m_to_1b_parameters():
+    a, b, c = (load_model("opt-tiny", seed=s).model for s in (0, 0, 1))
+    assert torch.equal(a.embed_tokens.weight, b.embed_tokens.weight)
+    assert not torch.equal(a.embed_tokens.weight, c.embed_tokens.weight)
+    with torch.device("meta"):
+        big = LlamaForCausalLM(PRESETS["smollm-360m"].hf_config())
+    assert 300e6 <= sum(p.numel() for p in big.parameters()) <= 1e9
+
+
+def test_unknown_dtype_is_refused():
+    with pytest.raises(InvalidRequestError, match="float8"):
+        load_model("opt-tiny", dtype="float8")

@@ -1,0 +1,34 @@
+"""Shared test factories: small Hugging Face checkpoints written to disk like real ones."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, OPTConfig
+
+from services.executor.models.loader import preset_tokenizer
+from services.executor.models.presets import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_VOCAB_SIZE
+
+# Wide random weights keep the top two logits well apart, so greedy decoding is decided by the
+# model and not by float rounding between two implementations.
+_BASE = dict(vocab_size=TOKENIZER_VOCAB_SIZE, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
+             eos_token_id=EOS_ID, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+             max_position_embeddings=1024)
+_FAMILY = {
+    "opt": (OPTConfig, dict(ffn_dim=256, word_embed_proj_dim=64, init_std=0.1)),
+    "llama": (LlamaConfig, dict(num_key_value_heads=2, intermediate_size=128,
+                                initializer_range=0.1, tie_word_embeddings=False)),
+}
+
+
+def write_checkpoint(tmp_path: Path, family: str, seed: int = 0, **overrides) -> Path:
+    """A random-weight float32 ``family`` checkpoint plus the MiniLM tokenizer, in one dir."""
+    config_cls, extra = _FAMILY[family]
+    config = config_cls(**{**_BASE, **extra, **overrides})
+    path = Path(tmp_path) / f"{family}-checkpoint"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(path)
+    preset_tokenizer().save_pretrained(path)
+    return path

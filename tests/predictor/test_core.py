@@ -1,0 +1,121 @@
+import json
+
+import numpy as np
+import pytest
+
+from services.predictor.core import Predictor
+from services.predictor.types import Completion, Source
+from tests.predictor.conftest import small_config
+
+ALPACA = "/work/shared/data/alpaca_data_1k_random_subset.json"
+
+
+def test_no_data_gives_safe_default(predictor):
+    [p] = predictor.predict(["Tell me a joke."], model="fresh")
+    assert p.source is Source.DEFAULT and p.error.code == "UNKNOWN_MODEL"
+    assert p.length == predictor.config.default_length and p.upper_quantile >= p.length
+
+
+def test_bad_prompts_get_default_and_others_still_predicted(predictor):
+    predictor.observe([Completion("m", "Name three primary colours.", 12)])
+    preds = predictor.predict(["", "   ", None, "Name three primary colours.", "x" * 500_000], "m")
+    assert [p.source for p in preds[:3]] == [Source.DEFAULT] * 3
+    assert all(p.error.code == "INVALID_ARGUMENT" for p in preds[:3])
+    assert preds[3].source is Source.RETRIEVAL and preds[3].length == 12
+    assert preds[4].length >= 1  # a huge prompt is truncated, not a crash
+
+
+def test_allowlist_rejects_unknown_model(embedder):
+    predictor = Predictor(small_config(models=("served",)), embedder=embedder)
+    [p] = predictor.predict(["hi there"], model="other")
+    assert p.source is Source.DEFAULT and p.error.code == "UNKNOWN_MODEL" and p.error.field
+    result = predictor.observe([Completion("other", "hi there", 3, "r1"),
+                                Completion("served", "hi there", 3, "r2")])
+    assert (result.accepted, result.rejected) == (1, 1)
+    assert "r1" in result.errors[0].message
+
+
+def test_observe_rejects_bad_records_and_keeps_good_ones(predictor):
+    result = predictor.observe([Completion("m", "", 5, "a"), Completion("m", "ok prompt", -1, "b"),
+                                Completion("m", "ok prompt", 7, "c")])
+    assert (result.accepted, result.rejected) == (1, 2)
+    assert {e.code for e in result.errors} == {"INVALID_ARGUMENT"}
+    assert predictor.store.count("m") == 1
+
+
+def test_retrieval_is_similarity_weighted_mean(predictor):
+    predictor.seed("m", ["Translate 'cat' into German.", "Translate 'dog' into German."], [4, 8])
+    [p] = predictor.predict(["Translate 'cat' into German."], "m")
+    assert p.source is Source.RETRIEVAL and p.top_similarity == pytest.approx(1.0, abs=1e-4)
+    # The exact match carries the most weight, its sibling pulls the mean toward 8.
+    assert 4 <= p.length <= 6
+
+
+def test_low_similarity_falls_back_to_mlp(predictor):
+    prompts = [f"Question number {i}: what is {i} plus {i}?" for i in range(20)]
+    predictor.seed("m", prompts, [10] * 20)
+    predictor.retrain("m")
+    [p] = predictor.predict(["Compose a sonnet on the ocean at night."], "m")
+    assert p.source is Source.MLP and p.top_similarity < predictor.config.similarity_threshold
+
+
+def test_unreachable_qdrant_falls_back_not_crashes(predictor, embedder):
+    from services.predictor.config import StoreConfig
+    from services.predictor.store import LengthStore
+    from tests.predictor.conftest import free_port
+
+    predictor.seed("m", [f"Say hello number {i}" for i in range(10)], [5] * 10)
+    predictor.retrain("m")
+    down = LengthStore(StoreConfig(qdrant_url=f"http://127.0.0.1:{free_port()}"), embedder.dim)
+    cut_off = Predictor(small_config(), embedder=embedder, store=down)
+    [p] = cut_off.predict(["Say hello number 3"], "m")
+    assert p.source is Source.DEFAULT and p.error.code == "UNAVAILABLE"
+    cut_off.mlps = predictor.mlps  # with an MLP loaded, the answer degrades to the MLP
+    [p] = cut_off.predict(["Say hello number 3"], "m")
+    assert p.source is Source.MLP
+    result = cut_off.observe([Completion("m", "Say hello", 5, "r")])
+    assert result.rejected == 1 and result.errors[0].code == "UNAVAILABLE"
+
+
+def test_calibrated_upper_quantile_covers_real_lengths(predictor):
+    rng = np.random.default_rng(0)
+    prompts = [f"Describe item {i} in detail" for i in range(60)]
+    lengths = rng.integers(50, 150, size=60)
+    predictor.seed("m", prompts[:30], lengths[:30])
+    predictor.retrain("m")
+    predictor.calibrate("m", prompts[30:], lengths[30:])
+    preds = predictor.predict(prompts[30:], "m")
+    covered = np.mean([r <= p.upper_quantile for p, r in zip(preds, lengths[30:])])
+    assert covered >= 0.8
+    assert all(p.upper_quantile >= p.length for p in preds)
+
+
+def _alpaca(n):
+    with open(ALPACA) as f:
+        rows = json.load(f)[:n]
+    return [r["instruction"] + ("\n\n" + r["input"] if r["input"] else "") for r in rows], \
+        [max(1, len(r["output"].split())) for r in rows]
+
+
+def test_online_updates_track_a_terser_model(embedder):
+    """The served model answers 3× shorter than the seed data; observing its own completions
+    (repeat prompts and new ones) must cut the prediction error on held-out prompts."""
+    prompts, lengths = _alpaca(240)
+    lengths = np.array(lengths) * 3  # the seed data set is verbose
+    predictor = Predictor(small_config(), embedder=embedder)
+    predictor.seed("m", prompts[:160], lengths[:160])
+    predictor.retrain("m")
+    served = lengths // 3
+    test_p, test_real = prompts[200:], served[200:]
+
+    def median_rel_error() -> float:
+        pred = np.array([p.length for p in predictor.predict(test_p, "m")])
+        return float(np.median(np.abs(pred - test_real) / np.maximum(test_real, 1)))
+    before = median_rel_error()
+    predictor.observe([Completion("m", p, int(n), f"r{i}", finished_at=float(i + 1))
+                       for i, (p, n) in enumerate(zip(prompts[:200], served[:200]))])
+    predictor.retrain("m")
+    after = median_rel_error()
+    assert before > 1.0 and after < 0.5 * before
+    [p] = predictor.predict([prompts[0]], "m")
+    assert p.length == served[0]  # the served model's own completion replaced the seed
