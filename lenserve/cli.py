@@ -9,7 +9,11 @@ import sys
 
 COMMAND_MODULES = [
     "lenserve.commands.generate",
+    "lenserve.commands.bench",
     "lenserve.commands.bench_executor",
+    "lenserve.commands.bench_attention",
+    "lenserve.commands.bench_scheduler",
+    "lenserve.commands.predictor",
 ]
 
 

@@ -11,13 +11,13 @@ from services.executor.models.presets import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_V
 
 # Wide random weights keep the top two logits well apart, so greedy decoding is decided by the
 # model and not by float rounding between two implementations.
-_BASE = dict(vocab_size=TOKENIZER_VOCAB_SIZE, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
-             eos_token_id=EOS_ID, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-             max_position_embeddings=1024)
+_BASE = {"vocab_size": TOKENIZER_VOCAB_SIZE, "pad_token_id": PAD_ID, "bos_token_id": BOS_ID,
+         "eos_token_id": EOS_ID, "hidden_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "max_position_embeddings": 1024}
 _FAMILY = {
-    "opt": (OPTConfig, dict(ffn_dim=256, word_embed_proj_dim=64, init_std=0.1)),
-    "llama": (LlamaConfig, dict(num_key_value_heads=2, intermediate_size=128,
-                                initializer_range=0.1, tie_word_embeddings=False)),
+    "opt": (OPTConfig, {"ffn_dim": 256, "word_embed_proj_dim": 64, "init_std": 0.1}),
+    "llama": (LlamaConfig, {"num_key_value_heads": 2, "intermediate_size": 128,
+                            "initializer_range": 0.1, "tie_word_embeddings": False}),
 }
 
 

@@ -35,6 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU intra-op threads (default: torch's); 1 avoids thread thrash on a "
+                        "machine whose cores are shared with other work")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.set_defaults(func=run)
 
@@ -43,13 +46,16 @@ def _int_list(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"batch sizes must be >= 1, got {text!r}")
     return values
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     if max(args.prompt_len, args.context_len) > loaded.max_model_len:
         raise ValueError(f"prompt/context length exceeds the model's {loaded.max_model_len}")
@@ -69,11 +75,12 @@ def benchmark(loaded: LoadedModel, args: argparse.Namespace) -> dict:
         rows.append(bench_batch(loaded, args, batch, weight_bytes, bandwidth))
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return dict(model=loaded.name, family=loaded.family, dtype=args.dtype, device=str(device),
-                attention_backend=args.attention_backend, prompt_len=args.prompt_len,
-                context_len=args.context_len, weight_bytes=weight_bytes,
-                copy_bandwidth_bytes_per_s=bandwidth,
-                decode_floor_weights_s=weight_bytes / bandwidth, rows=rows)
+    return {"model": loaded.name, "family": loaded.family, "dtype": args.dtype,
+            "device": str(device), "cpu_threads": torch.get_num_threads(),
+            "attention_backend": args.attention_backend,
+            "prompt_len": args.prompt_len, "context_len": args.context_len,
+            "weight_bytes": weight_bytes, "copy_bandwidth_bytes_per_s": bandwidth,
+            "decode_floor_weights_s": weight_bytes / bandwidth, "rows": rows}
 
 
 def bench_batch(loaded: LoadedModel, args, batch: int, weight_bytes: int, bandwidth: float) -> dict:
@@ -83,25 +90,26 @@ def bench_batch(loaded: LoadedModel, args, batch: int, weight_bytes: int, bandwi
                                  attention_backend=args.attention_backend)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
     gen = torch.Generator().manual_seed(batch)
-    prefill = [ScheduledSequence(f"p{i}", _tokens(gen, args.prompt_len, loaded), 0, t, True, GREEDY)
-               for i, t in enumerate(tables)]
+    prefill = [ScheduledSequence(f"p{i}", _tokens(gen, args.prompt_len, loaded), 0, t, True,
+                                 GREEDY) for i, t in enumerate(tables)]
     decode = [ScheduledSequence(f"d{i}", _tokens(gen, 1, loaded), args.context_len - 1, t, True,
                                 GREEDY) for i, t in enumerate(tables)]
     prefill_s = time_iteration(executor, prefill, args.repeats)
     decode_s = time_iteration(executor, decode, args.repeats)
     kv_bytes = batch * args.context_len * executor.kv.block_bytes / bs
     floor_s = (weight_bytes + kv_bytes) / bandwidth
-    return dict(batch_size=batch, prefill_s=prefill_s,
-                prefill_tokens_per_s=batch * args.prompt_len / prefill_s,
-                decode_s=decode_s, decode_tokens_per_s=batch / decode_s,
-                decode_floor_s=floor_s, decode_floor_tokens_per_s=batch / floor_s)
+    return {"batch_size": batch, "prefill_s": prefill_s,
+            "prefill_tokens_per_s": batch * args.prompt_len / prefill_s,
+            "decode_s": decode_s, "decode_tokens_per_s": batch / decode_s,
+            "decode_floor_s": floor_s, "decode_floor_tokens_per_s": batch / floor_s}
 
 
 def _tokens(gen: torch.Generator, n: int, loaded: LoadedModel) -> list[int]:
     return torch.randint(1000, loaded.model.vocab_size, (n,), generator=gen).tolist()
 
 
-def time_iteration(executor: InProcessExecutor, seqs: list[ScheduledSequence], repeats: int) -> float:
+def time_iteration(executor: InProcessExecutor, seqs: list[ScheduledSequence],
+                   repeats: int) -> float:
     """Median wall time of ``execute`` after one warm-up; sampling's host copy syncs devices."""
     times = []
     for i in range(repeats + 1):
@@ -132,7 +140,8 @@ def _sync(device: torch.device) -> None:
 
 def format_table(r: dict) -> str:
     head = (f"model {r['model']} ({r['family']}, {r['dtype']}, {r['device']}, attention "
-            f"{r['attention_backend']}): weights {r['weight_bytes'] / 1e6:.1f} MB, copy bandwidth "
+            f"{r['attention_backend']}, {r['cpu_threads']} CPU threads): weights "
+            f"{r['weight_bytes'] / 1e6:.1f} MB, copy bandwidth "
             f"{r['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, decode floor (weights only) "
             f"{r['decode_floor_weights_s'] * 1e3:.2f} ms/iteration\n"
             f"prefill: prompt {r['prompt_len']} tokens; decode: context {r['context_len']} tokens")

@@ -73,6 +73,10 @@ def _vocab_size(tokenizer: Any) -> int | None:
 
 
 def _encode(tokenizer: Any, text: str, special: bool) -> list[int]:
+    if hasattr(tokenizer, "model_max_length"):
+        # Hugging Face tokenizers warn about texts longer than the model; here that is the
+        # point of counting (the length filter drops them).
+        return list(tokenizer.encode(text, add_special_tokens=special, verbose=False))
     try:
         return list(tokenizer.encode(text, add_special_tokens=special))
     except TypeError:  # a tokenizer without special tokens takes no such flag

@@ -16,7 +16,7 @@ from services.executor.interface import Executor
 from services.executor.kv_cache import KVCachePool
 from services.executor.models.layers import AttentionContext
 from services.executor.models.loader import LoadedModel, load_model
-from services.executor.sampler import SampleRequest, Sampler
+from services.executor.sampler import Sampler, SampleRequest
 from services.executor.types import (
     ExecutorInput,
     ExecutorOutput,

@@ -91,7 +91,7 @@ def _start_kafka(args, predictor, stop: threading.Event) -> threading.Thread | N
                                               topic=args.kafka_topic)
                 consumer.run(stop)
                 consumer.close()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any broker failure is retried
                 log.error("Kafka at %s unavailable (%s); retrying in 5 s",
                           args.kafka_bootstrap, exc)
                 stop.wait(5.0)
@@ -105,7 +105,7 @@ def _periodic_retrain(predictor, interval_s: float, stop: threading.Event) -> No
         for model in predictor.store.models():
             try:
                 predictor._trigger_retrain(model)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a failed retrain must not stop the timer
                 log.warning("periodic retrain of %s failed: %s", model, exc)
 
 
@@ -189,6 +189,7 @@ def evaluate(args) -> int:
     from services.predictor import evaluate as ev
     from services.predictor.proxy import ProxyConfig
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     train, test, tokenizer = _load_split(args)
     data = ev.prepare(train, test, tokenizer)
     config = dataclasses.replace(config_from_args(args), store=StoreConfig(), retrain_every=0)

@@ -1,7 +1,7 @@
 """gRPC client with the same Python interface as the in-process Predictor."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import grpc
 

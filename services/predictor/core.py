@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -18,8 +18,7 @@ from services.predictor.calibration import Calibrator
 from services.predictor.config import PredictorConfig
 from services.predictor.embedder import Embedder
 from services.predictor.store import LengthStore, Neighbours
-from services.predictor.types import (Completion, ObserveResult, Prediction, PredictionError,
-                                      Source)
+from services.predictor.types import Completion, ObserveResult, Prediction, PredictionError, Source
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ class Predictor:
             return []
         try:
             vectors = self.embedder.encode(prompts)
-        except Exception as exc:  # a broken encoder must not take the service down
+        except Exception as exc:  # a broken encoder must not stop the service
             log.exception("embedding failed")
             return [self._default(model, PredictionError("INTERNAL", f"embedding failed: {exc}"))
                     ] * len(prompts)
@@ -81,7 +80,7 @@ class Predictor:
         try:
             with self._lock:
                 return self.store.search(model, vectors, self.config.top_k), None
-        except Exception as exc:  # Qdrant down: fall back to the MLP, or the default
+        except Exception as exc:  # noqa: BLE001 - Qdrant down: fall back to the MLP or default
             log.warning("vector DB search failed: %s", exc)
             empty = Neighbours(np.zeros(0, np.float32), np.zeros(0, np.float32))
             return [empty] * len(vectors), PredictionError("UNAVAILABLE", f"vector DB: {exc}")
@@ -131,7 +130,7 @@ class Predictor:
             try:
                 self._observe_model(model, recs)
                 accepted += len(recs)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - Qdrant down: reject, keep serving
                 log.warning("observe failed for %s: %s", model, exc)
                 errors.extend(PredictionError("UNAVAILABLE", f"{r.request_id}: {exc}")
                               for r in recs)

@@ -33,7 +33,8 @@ def _load(path: str, max_seq_length: int):
 
 
 class Embedder:
-    def __init__(self, config: EmbedderConfig = EmbedderConfig(), max_prompt_chars: int = 4096):
+    def __init__(self, config: EmbedderConfig | None = None, max_prompt_chars: int = 4096):
+        config = config or EmbedderConfig()
         self.config = config
         self.max_prompt_chars = max_prompt_chars
         self.path = config.encoder_path or default_encoder_path()

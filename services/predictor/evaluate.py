@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from services.predictor.core import Predictor
 from services.predictor.metrics import LengthMetrics, latency_percentiles, length_metrics
 from services.predictor.proxy import ProxyConfig, ProxyRegressor
 
+log = logging.getLogger(__name__)
 EVAL_MODEL = "eval"
 NEVER, ALWAYS = 2.0, -2.0  # similarity thresholds that disable / force retrieval
 
@@ -98,11 +100,14 @@ def time_calls(fn, prompts: list[str], single: int = 200, batches: int = 10):
 def run(data: EvalData, config: PredictorConfig, proxy_config: ProxyConfig,
         width: int = 100, num_buckets: int = 10, with_proxy: bool = True) -> list[Row]:
     real = data.test_lengths
-    metric = lambda pred, upper=None: length_metrics(pred, real, upper, width, num_buckets)  # noqa: E731
+    metric = lambda pred, upper=None: length_metrics(pred, real, upper, width, num_buckets)
     rows = [Row("global mean", metric(np.full(len(real), data.train_lengths.mean())))]
+    t0 = time.perf_counter()
     if with_proxy:
         rows.append(_proxy_row(data, proxy_config, metric))
+        log.info("proxy baseline done at %.0fs", time.perf_counter() - t0)
     predictor = build_predictor(data, config)
+    log.info("DB seeded and MLP trained at %.0fs", time.perf_counter() - t0)
     vectors = predictor.embedder.encode(data.test_prompts)
     s0 = predictor.config.similarity_threshold
     for name, threshold in (("retrieval only", ALWAYS), ("MLP only", NEVER), ("ALISE", s0)):

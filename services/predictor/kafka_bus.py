@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
@@ -56,7 +56,7 @@ def decode(values: Sequence[bytes]) -> tuple[list[Completion], int]:
     for value in values:
         try:
             out.append(convert.completion_from_pb(common_pb2.CompletionRecord.FromString(value)))
-        except Exception:
+        except Exception:  # noqa: BLE001 - any undecodable value is skipped and counted
             bad += 1
     return out, bad
 

@@ -31,15 +31,16 @@ def length_metrics(pred, real, upper=None, width: int = 100,
     rel = np.abs(pred - real) / np.maximum(real, 1.0)
     acc = float(np.mean(buckets(pred, width, num_buckets) == buckets(real, width, num_buckets)))
     cov = float("nan") if upper is None else float(np.mean(real <= np.asarray(upper, float)))
-    return LengthMetrics(acc, float(rel.mean()), float(np.median(rel)),
-                         _nan0(stats.kendalltau(pred, real).statistic),
-                         _nan0(stats.spearmanr(pred, real).statistic),
+    tau, rho = _rank_agreement(pred, real)
+    return LengthMetrics(acc, float(rel.mean()), float(np.median(rel)), tau, rho,
                          float(np.mean(pred < real)), cov)
 
 
-def _nan0(x) -> float:
-    # A constant predictor (the global mean) has no rank information: tau 0, not nan.
-    return 0.0 if np.isnan(x) else float(x)
+def _rank_agreement(pred: np.ndarray, real: np.ndarray) -> tuple[float, float]:
+    # A constant predictor (the global mean) carries no rank information: 0, not nan.
+    if np.ptp(pred) == 0 or np.ptp(real) == 0:
+        return 0.0, 0.0
+    return float(stats.kendalltau(pred, real).statistic), float(stats.spearmanr(pred, real).statistic)
 
 
 def latency_percentiles(seconds: list[float]) -> tuple[float, float]:

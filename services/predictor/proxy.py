@@ -42,7 +42,7 @@ class ProxyRegressor(nn.Module):
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         return self.head(pooled).squeeze(-1)
 
-    def fit(self, prompts: list[str], lengths: list[int]) -> "ProxyRegressor":
+    def fit(self, prompts: list[str], lengths: list[int]) -> ProxyRegressor:
         torch.manual_seed(self.config.seed)
         gen = torch.Generator().manual_seed(self.config.seed)
         y = torch.log1p(torch.tensor(lengths, dtype=torch.float32))

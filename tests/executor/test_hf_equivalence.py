@@ -21,8 +21,9 @@ BLOCK_SIZE = 16
 
 def _backends():
     triton_ok = importlib.util.find_spec("triton") is not None
-    return ["torch", pytest.param("triton", marks=pytest.mark.skipif(
-        not triton_ok, reason="triton is not installed"))]
+    # Without a GPU the Triton interpreter runs these kernels in about a minute per family.
+    return ["torch", pytest.param("triton", marks=[pytest.mark.slow, pytest.mark.skipif(
+        not triton_ok, reason="triton is not installed")])]
 
 
 def make_prompts(seed: int = 0) -> list[list[int]]:
@@ -81,3 +82,25 @@ def test_presets_agree_with_their_hf_models(preset):
     prompts = make_prompts(seed=1)[:4]
     outputs, _ = serve(executor, prompts, max_tokens=4, eos_token_id=loaded.eos_token_id)
     assert outputs == [hf_greedy(hf, p, loaded.eos_token_id, max_tokens=4) for p in prompts]
+
+
+def test_opt_variants_with_projection_and_post_norm(tmp_path):
+    """OPT-350M style: embeddings narrower than the model, LayerNorm after each block."""
+    path = write_checkpoint(tmp_path, "opt", word_embed_proj_dim=32, do_layer_norm_before=False)
+    hf, loaded = build_hf_model(str(path)), load_model(str(path))
+    executor = InProcessExecutor(loaded, num_gpu_blocks=64)
+    prompts = make_prompts(seed=2)[:5]
+    outputs, _ = serve(executor, prompts, max_tokens=4, eos_token_id=loaded.eos_token_id)
+    assert outputs == [hf_greedy(hf, p, loaded.eos_token_id, max_tokens=4) for p in prompts]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_continuous_batching_on_cuda_matches_hf(checkpoint, backend):
+    loaded, prompts, expected = checkpoint
+    on_gpu = load_model(str(loaded.hf_config._name_or_path), device="cuda")
+    executor = InProcessExecutor(on_gpu, block_size=BLOCK_SIZE, num_gpu_blocks=40,
+                                 attention_backend=backend)
+    outputs, _ = serve(executor, prompts, max_tokens=MAX_TOKENS, eos_token_id=loaded.eos_token_id)
+    assert outputs == expected

@@ -20,8 +20,8 @@ def embedder():
 
 
 def small_config(**kw) -> PredictorConfig:
-    base = dict(embedder=EmbedderConfig(max_seq_length=64),
-                mlp=MLPConfig(epochs=40, min_train_records=8), retrain_every=0)
+    base = {"embedder": EmbedderConfig(max_seq_length=64),
+            "mlp": MLPConfig(epochs=40, min_train_records=8), "retrain_every": 0}
     base.update(kw)
     return PredictorConfig(**base)
 

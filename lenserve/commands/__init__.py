@@ -1,0 +1,1 @@
+"""Subcommands of the ``lenserve`` command line (see lenserve/cli.py)."""
