@@ -7,8 +7,14 @@ from __future__ import annotations
 from lenserve.outputs import CompletionOutput, RequestOutput
 from lenserve.sampling_params import InvalidRequestError, SamplingParams
 
-__all__ = ["LLM", "AsyncEngine", "SamplingParams", "RequestOutput", "CompletionOutput",
-           "InvalidRequestError"]
+__all__ = [
+    "LLM",
+    "AsyncEngine",
+    "CompletionOutput",
+    "InvalidRequestError",
+    "RequestOutput",
+    "SamplingParams",
+]
 __version__ = "0.1.0"
 
 

@@ -17,9 +17,8 @@ PKG = Path("lenserve") / "proto"
 
 
 def generate(out_root: Path) -> list[Path]:
-    from grpc_tools import protoc  # imported here: only the generator needs grpcio-tools
-
     import grpc_tools
+    from grpc_tools import protoc  # imported here: only the generator needs grpcio-tools
 
     protos = sorted((PROTO_ROOT / PKG).glob("*.proto"))
     include = Path(grpc_tools.__file__).parent / "_proto"

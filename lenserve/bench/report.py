@@ -81,10 +81,17 @@ def format_report(results: list[dict]) -> str:
 
 def write_json(path: str | Path, config: dict, results: list[dict], runs: Sequence[BackendRun]) -> None:
     """The config, each run's summary, and each run's per-request records."""
-    entries = [{**result, "requests": [rec.to_json() for rec in run.records]}
+    entries = [{**result, "profile": run.profile.as_dict() if run.profile else None,
+                "requests": [rec.to_json() for rec in run.records]}
                for result, run in zip(results, runs)]
     text = json.dumps(_plain({"config": config, "runs": entries}), indent=1, default=str)
     Path(path).write_text(text)
+
+
+def format_profiles(runs: Sequence[BackendRun]) -> str:
+    """One line per run that kept a step profile: where its time went."""
+    return "\n".join(f"profile {run.backend} @ {run.request_rate:g} req/s: {run.profile.summary()}"
+                     for run in runs if run.profile is not None)
 
 
 def _plain(value):

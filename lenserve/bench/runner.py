@@ -6,6 +6,7 @@ pays for the wait in TTFT and E2EL just as a client would see it.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -36,6 +37,7 @@ class BackendRun:
     request_rate: float
     duration_s: float
     records: list[RequestRecord]
+    profile: object | None = None   # the backend's StepProfile over this run, if it keeps one
 
 
 def replay(backend: Backend, workload: Workload, config: RunnerConfig = RunnerConfig(),
@@ -44,6 +46,7 @@ def replay(backend: Backend, workload: Workload, config: RunnerConfig = RunnerCo
     pending = deque(workload.requests)
     done: list[RequestRecord] = []
     label = f"{backend.name} @ {request_rate:g} req/s"
+    before = copy.copy(backend.profile())
     with tqdm(total=len(pending), desc=label, unit="req", disable=not config.show_progress) as bar:
         start = time.monotonic()
         while pending or backend.has_pending():
@@ -55,7 +58,9 @@ def replay(backend: Backend, workload: Workload, config: RunnerConfig = RunnerCo
         duration = time.monotonic() - start
     order = {r.request_id: i for i, r in enumerate(workload.requests)}
     records = sorted((r.shifted(start) for r in done), key=lambda r: order.get(r.request_id, 0))
-    return BackendRun(backend.name, request_rate, duration, records)
+    after = backend.profile()
+    profile = after.since(before) if after is not None and before is not None else None
+    return BackendRun(backend.name, request_rate, duration, records, profile)
 
 
 def _submit_due(backend: Backend, pending: deque[BenchRequest], start: float) -> None:

@@ -13,7 +13,13 @@ from pathlib import Path
 
 from lenserve.bench.backends import BackendOptions, BackendSpec, create_backend, parse_backends
 from lenserve.bench.metrics import parse_goodput
-from lenserve.bench.report import format_report, plot_normalized_latency, summarize_runs, write_json
+from lenserve.bench.report import (
+    format_profiles,
+    format_report,
+    plot_normalized_latency,
+    summarize_runs,
+    write_json,
+)
 from lenserve.bench.runner import BackendRun, RunnerConfig, replay, warm_up
 from lenserve.workloads import (
     DATASET_NAMES,
@@ -141,6 +147,7 @@ def run_bench(args: argparse.Namespace) -> int:
     results = summarize_runs(runs, slos)
     if results:
         print(format_report(results))
+        print(format_profiles(runs))
     _write_outputs(args, results, runs)
     return 1 if failures else 0
 

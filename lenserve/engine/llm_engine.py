@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lenserve.engine.detokenizer import IncrementalDetokenizer
+from lenserve.engine.profile import StepProfile
 from lenserve.outputs import CompletionOutput, RequestOutput
 from lenserve.sampling_params import InvalidRequestError, SamplingParams
 from services.executor.interface import Executor
@@ -91,6 +92,7 @@ class LLMEngine:
         self.clock = clock
         self._streams: dict[str, _Stream] = {}
         self._host_kv: dict[str, object] = {}    # swapped-out KV, until a kvmanager owns it
+        self.profile = StepProfile()
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None,
@@ -166,9 +168,11 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one iteration. Returns outputs for requests that got tokens or finished."""
         scheduler = self.scheduler
+        t0 = time.perf_counter()
         out = scheduler.schedule(self.clock())
         if out.is_empty:
             return []
+        t1 = time.perf_counter()
         self._move_swapped_kv(out)
         try:
             result = (self.executor.execute(scheduler.make_executor_input(out)) if out.scheduled
@@ -176,10 +180,13 @@ class LLMEngine:
         except Exception as exc:
             logger.exception("iteration %d failed", out.iteration)
             return self._fail_batch(out, exc)
+        t2 = time.perf_counter()
         updated = scheduler.update_from_output(out, result, self.clock())
         outputs = [self._make_output(r) for r in updated]
         if self.config.check_integrity:
             scheduler.check_integrity()
+        t3 = time.perf_counter()
+        self.profile.add(t1 - t0, t2 - t1, result.timings, t3 - t2, t3 - t0)
         return outputs
 
     def _move_swapped_kv(self, out: SchedulerOutput) -> None:

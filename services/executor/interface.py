@@ -28,5 +28,5 @@ class Executor(ABC):
     def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
         """Write host data laid out as by ``export_blocks`` into the given device blocks."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources (sockets, device memory)."""

@@ -6,6 +6,7 @@ model, never a half-loaded one.
 """
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass
 
@@ -16,9 +17,10 @@ from torch import nn
 from services.predictor.config import MLPConfig
 
 
-def build_module(dim: int, hidden: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(0.1),
-                         nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, 1))
+def build_module(dim: int, hidden: int, dropout: float = 0.0) -> nn.Module:
+    # One hidden layer: a deeper head on a few thousand frozen embeddings only overfits.
+    return nn.Sequential(nn.Dropout(dropout), nn.Linear(dim, hidden), nn.GELU(),
+                         nn.Dropout(dropout), nn.Linear(hidden, 1))
 
 
 @dataclass(frozen=True)
@@ -39,20 +41,52 @@ def train(vectors: np.ndarray, lengths: np.ndarray, config: MLPConfig) -> nn.Mod
     if len(vectors) < config.min_train_records:
         raise ValueError(f"need at least {config.min_train_records} records to train the MLP, "
                          f"got {len(vectors)}")
-    gen = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)
+    gen = torch.Generator().manual_seed(config.seed)
     x = torch.from_numpy(np.asarray(vectors, np.float32))
     y = torch.log1p(torch.from_numpy(np.asarray(lengths, np.float32)))
-    module = build_module(x.shape[1], config.hidden)
+    fit, val = _holdout(len(x), config, gen)
+    module = build_module(x.shape[1], config.hidden, config.dropout)
+    with torch.no_grad():  # start at the median so the first epochs learn shape, not offset
+        module[-1].bias.fill_(float(y[fit].median()))
     opt = torch.optim.AdamW(module.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    module.train()
+    best, best_state, stale = float("inf"), None, 0
     for _ in range(config.epochs):
-        for idx in torch.randperm(len(x), generator=gen).split(config.batch_size):
-            loss = nn.functional.smooth_l1_loss(module(x[idx]).squeeze(-1), y[idx])
+        module.train()
+        for idx in fit[torch.randperm(len(fit), generator=gen)].split(config.batch_size):
+            loss = _pinball(module(x[idx]).squeeze(-1), y[idx], config.quantile)
             opt.zero_grad()
             loss.backward()
             opt.step()
+        if val is None:
+            continue
+        module.eval()
+        with torch.no_grad():
+            score = float(_pinball(module(x[val]).squeeze(-1), y[val], config.quantile))
+        if score < best - 1e-4:
+            best, best_state, stale = score, copy.deepcopy(module.state_dict()), 0
+        elif (stale := stale + 1) >= config.patience:
+            break
+    if best_state is not None:
+        module.load_state_dict(best_state)
     return module.eval()
+
+
+def _holdout(n: int, config: MLPConfig, gen: torch.Generator):
+    """(fit, validation) indices; no validation (train all epochs) when it would be too small
+    to tell overfitting from noise."""
+    order = torch.randperm(n, generator=gen)
+    n_val = int(n * config.val_fraction)
+    if n_val < config.min_val_records:
+        return order, None
+    return order[n_val:], order[:n_val]
+
+
+def _pinball(pred: torch.Tensor, target: torch.Tensor, q: float) -> torch.Tensor:
+    # On log length, q=0.5 (L1) fits the conditional median: relative errors are judged
+    # per request, and a squared loss would chase the long-reply tail.
+    err = target - pred
+    return torch.maximum(q * err, (q - 1.0) * err).mean()
 
 
 def save(module: nn.Module, path: str, num_records: int) -> None:
@@ -65,7 +99,7 @@ def load(path: str) -> tuple[nn.Module, int]:
     with np.load(path) as data:
         state = {k: torch.from_numpy(data[k]) for k in data.files if k != "__num_records__"}
         num_records = int(data["__num_records__"])
-    dim, hidden = state["0.weight"].shape[1], state["0.weight"].shape[0]
+    hidden, dim = state["1.weight"].shape
     module = build_module(dim, hidden)
     module.load_state_dict(state)
     return module.eval(), num_records

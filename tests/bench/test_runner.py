@@ -27,8 +27,9 @@ def test_waiting_for_a_busy_backend_is_charged_to_the_request():
     # Both arrive at once; the second waits for the first's three 30 ms tokens.
     run = replay(SerialBackend(step_s=0.03), make_workload([0.0, 0.0]), QUIET)
     first, second = run.records
-    assert first.ttft == pytest.approx(0.03, abs=0.02)
-    assert second.ttft >= 0.09 + 0.03 - 0.005
+    # Lower bounds only: sleeps guarantee them, while a loaded machine may stretch any step.
+    assert first.ttft >= 0.03 - 0.005
+    assert second.ttft >= first.e2el + 0.03 - 0.005
     assert second.e2el > first.e2el
 
 

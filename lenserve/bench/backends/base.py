@@ -58,6 +58,10 @@ class Backend(ABC):
     def close(self) -> None:
         """Release the model or connection."""
 
+    def profile(self):
+        """A cumulative ``StepProfile`` of where the backend's time went, if it keeps one."""
+        return
+
     def unique_key(self, request: BenchRequest) -> str:
         # Request ids repeat across the runs of a sweep and the warm-up; backends that keep
         # state by id get a fresh key per submission.

@@ -66,6 +66,9 @@ class LenserveBackend(Backend):
     def close(self) -> None:
         self.engine = None
 
+    def profile(self):
+        return getattr(self.engine, "profile", None)
+
     def _observe(self, out: RequestOutput, now: float) -> None:
         flight = self._inflight.get(out.request_id)
         if flight is None:

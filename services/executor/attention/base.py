@@ -40,7 +40,7 @@ class AttentionMetadata:
 
     @classmethod
     def build(cls, query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
-              device: torch.device | str = "cpu") -> "AttentionMetadata":
+              device: torch.device | str = "cpu") -> AttentionMetadata:
         width = max((len(t) for t in block_tables), default=0) or 1
         table = torch.zeros((len(block_tables), width), dtype=torch.int32)
         for i, t in enumerate(block_tables):
@@ -56,7 +56,7 @@ class AttentionMetadata:
             max_seq_len=max(seq_lens, default=0),
         )
 
-    def select(self, seq_ids: list[int]) -> tuple["AttentionMetadata", torch.Tensor]:
+    def select(self, seq_ids: list[int]) -> tuple[AttentionMetadata, torch.Tensor]:
         """Metadata for a subset of sequences, plus the query row indices they own."""
         qsl = self.query_start_loc.tolist()
         rows = [torch.arange(qsl[i], qsl[i + 1]) for i in seq_ids]
