@@ -26,6 +26,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default="default", help="served model whose DB is used")
     g.add_argument("--encoder", default=None, help="sentence-transformers model path")
     g.add_argument("--max-seq-length", type=int, default=128)
+    g.add_argument("--int8", action="store_true",
+                   help="dynamic INT8 quantisation of the encoder's Linear layers")
     g.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch default)")
     g.add_argument("--top-k", type=int, default=8)
     g.add_argument("--similarity-threshold", type=float, default=0.8, help="ALISE s0")
@@ -34,7 +36,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args) -> PredictorConfig:
     return PredictorConfig(
-        embedder=EmbedderConfig(args.encoder, args.max_seq_length, num_threads=args.threads),
+        embedder=EmbedderConfig(args.encoder, args.max_seq_length, num_threads=args.threads,
+                                quantize_int8=args.int8),
         store=StoreConfig(qdrant_path=args.qdrant_path, qdrant_url=args.qdrant_url,
                           max_points_per_model=args.max_points),
         default_model=args.model, top_k=args.top_k,
@@ -65,12 +68,16 @@ def load_or_train_mlps(predictor) -> None:
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
-    p.add_argument("--host", default=os.environ.get("LENSERVE_PREDICTOR_HOST", "0.0.0.0"))
+    # Loopback unless told otherwise: exposing the service is a deployment decision.
+    p.add_argument("--host", default=os.environ.get("LENSERVE_PREDICTOR_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int,
                    default=int(os.environ.get("LENSERVE_PREDICTOR_PORT", DEFAULT_PORT)))
     p.add_argument("--kafka-bootstrap", default=os.environ.get("LENSERVE_KAFKA_BOOTSTRAP"))
     p.add_argument("--kafka-topic", default="completions")
     p.add_argument("--celery-broker", default=os.environ.get("LENSERVE_CELERY_BROKER"))
+    p.add_argument("--retrain-dir", default=os.environ.get("LENSERVE_RETRAIN_DIR"),
+                   help="directory shared with the Celery worker for DB snapshots and weights "
+                        "(default: a fresh temporary directory, enough for a worker on this host)")
     p.add_argument("--retrain-every", type=int, default=1000, help="new records per retrain")
     p.add_argument("--retrain-interval-s", type=float, default=0.0,
                    help="also retrain periodically (0 = off)")
@@ -119,7 +126,9 @@ async def serve_async(args) -> int:
         from services.predictor import tasks
 
         tasks.configure(args.celery_broker)
-        predictor.retrain_hook = tasks.CeleryRetrainer(predictor)
+        if args.retrain_dir:
+            os.makedirs(args.retrain_dir, exist_ok=True)
+        predictor.retrain_hook = tasks.CeleryRetrainer(predictor, workdir=args.retrain_dir)
     load_or_train_mlps(predictor)
     server, port = build_server(predictor, f"{args.host}:{args.port}")
     await server.start()
@@ -197,8 +206,10 @@ def evaluate(args) -> int:
     rows = ev.run(data, config, proxy, args.bucket_width, args.num_buckets,
                   with_proxy=args.proxy_epochs > 0)
     print(f"{args.dataset_name}: train {len(train)}, test {len(test)}; lengths in tokens of "
-          f"{args.tokenizer or 'all-MiniLM-L6-v2'}; buckets: width {args.bucket_width}, "
-          f"{args.num_buckets} buckets (last open-ended)")
+          f"{args.tokenizer or 'all-MiniLM-L6-v2'}")
+    print(f"bucket accuracy: {ev.describe_buckets(args.bucket_width, args.num_buckets)}; "
+          f"encoder max_seq_length {args.max_seq_length}{', int8' if args.int8 else ''}, "
+          f"torch threads {args.threads}")
     print(ev.format_table(rows))
     return 0
 

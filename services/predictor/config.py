@@ -15,6 +15,9 @@ class EmbedderConfig:
     # torch intra-op threads (0 = torch's default). The predictor shares its host with other
     # services; on a busy host one thread per call beats threads spinning on stolen cores.
     num_threads: int = 0
+    # torch dynamic INT8 quantisation of the encoder's Linear layers: they are most of the
+    # FLOPs of a short sequence, and int8 GEMMs are several times cheaper on a CPU.
+    quantize_int8: bool = False
 
 
 @dataclass(frozen=True)

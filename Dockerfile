@@ -1,0 +1,12 @@
+# One image for every lenserve service; docker-compose.yml picks the command per service.
+FROM python:3.11-slim
+WORKDIR /app
+ENV PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# torch first, pinned: any looser torch requirement would pull a different build.
+RUN pip install --no-cache-dir torch==2.13.0
+COPY pyproject.toml README.md ./
+COPY lenserve ./lenserve
+COPY services ./services
+COPY protos ./protos
+RUN pip install --no-cache-dir .
+ENTRYPOINT ["lenserve"]

@@ -1,0 +1,33 @@
+import numpy as np
+
+from services.predictor.config import StoreConfig
+from services.predictor.store import LengthStore
+
+
+def _unit(n, dim, seed):
+    v = np.random.default_rng(seed).normal(size=(n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def test_in_process_search_matches_qdrant_after_inserts_and_merges():
+    store = LengthStore(StoreConfig(), dim=16)
+    vecs = _unit(50, 16, 0)
+    store.upsert("m", vecs[:30], np.arange(30, dtype=np.float32), 0.0)
+    queries = _unit(5, 16, 1)
+    store.search("m", queries, 4)  # builds the copy, which later writes must keep exact
+    store.upsert("m", np.concatenate([vecs[30:], vecs[:3]]), np.full(23, 99, np.float32), 1.0)
+    mine = store.search("m", queries, 4)
+    store._mirrors = None  # the same store, answered by Qdrant itself
+    theirs = store.search("m", queries, 4)
+    for a, b in zip(mine, theirs):
+        np.testing.assert_allclose(a.scores, b.scores, atol=1e-5)
+        np.testing.assert_allclose(a.lengths, b.lengths)
+    store.close()
+
+
+def test_empty_collection_searches_empty():
+    store = LengthStore(StoreConfig(), dim=8)
+    store.upsert("m", _unit(1, 8, 0), np.ones(1, np.float32), 0.0)
+    [hit] = store.search("m", _unit(1, 8, 1), 3)
+    assert len(hit.scores) == len(hit.lengths) == 1
+    store.close()

@@ -1,0 +1,30 @@
+import numpy as np
+
+from services.predictor import mlp
+from services.predictor.config import MLPConfig
+
+
+def _data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 16)).astype(np.float32)
+    # Heavy-tailed lengths whose log depends on one direction, plus noise and outliers.
+    log_len = 4.0 + 1.0 * x[:, 0] + rng.normal(scale=0.3, size=n)
+    log_len[rng.random(n) < 0.05] += 3.0
+    return x, np.expm1(log_len).round().clip(1)
+
+
+def test_early_stopped_median_regressor_beats_a_constant(tmp_path):
+    x, y = _data(600)
+    cfg = MLPConfig(hidden=32, epochs=100, min_val_records=20)
+    module = mlp.train(x[:500], y[:500], cfg)
+    pred = mlp.MLPWeights(module, 1, 500).predict(x[500:])
+    real = y[500:]
+    rel = np.median(np.abs(pred - real) / real)
+    const = np.median(np.abs(np.median(y[:500]) - real) / real)
+    assert rel < 0.6 * const
+    assert 0.3 < np.mean(pred < real) < 0.7  # a median fit: outliers do not drag it upward
+    path = str(tmp_path / "w.npz")
+    mlp.save(module, path, 500)
+    loaded, n = mlp.load(path)
+    assert n == 500
+    np.testing.assert_allclose(mlp.MLPWeights(loaded, 2, n).predict(x[500:]), pred, rtol=1e-5)
