@@ -1,3 +1,4 @@
+import logging
 import os
 
 import numpy as np
@@ -27,9 +28,13 @@ def worker():
     from celery.contrib.testing.worker import start_worker
 
     app = tasks.configure(BROKER, queue="lenserve-test-predictor")
-    with start_worker(app, pool="solo", perform_ping_check=False,
-                      queues=["lenserve-test-predictor"], shutdown_timeout=10):
-        yield app
+    root_level = logging.getLogger().level   # the in-process worker sets the root logger's level
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False,
+                          queues=["lenserve-test-predictor"], shutdown_timeout=10):
+            yield app
+    finally:
+        logging.getLogger().setLevel(root_level)
 
 
 def test_retrain_task_swaps_served_weights(worker, embedder, tmp_path):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,7 @@ def test_sharegpt_folder_with_the_standard_file_name(tmp_path):
 
 
 def test_truncated_json_list_keeps_its_complete_records(tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
     text = json.dumps(CONVERSATIONS)
     cut = text[: text.index('"c_0"') + 10]   # inside the third record, as the PyPI wheel is
     samples = load_samples("sharegpt", _write(tmp_path / "s.json", cut))
