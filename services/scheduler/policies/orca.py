@@ -14,40 +14,20 @@ it has finished; requests that finish early leave idle slots.
 """
 from __future__ import annotations
 
-from collections import deque
-
 from services.scheduler.output import Budget, SchedulerOutput
-from services.scheduler.policy import Policy
+from services.scheduler.policies.fcfs import FcfsPolicy
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.state import SchedulerState
 
 _RUNNING = RequestStatus.RUNNING
 
 
-class OrcaPolicy(Policy):
+class OrcaPolicy(FcfsPolicy):
     name = "orca"
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
 
     def reserved_tokens(self, request: Request) -> int:
         return min(request.num_prompt_tokens + request.sampling_params.max_tokens,
                    self.config.max_model_len)
-
-    def add_request(self, request: Request) -> None:
-        self.waiting.append(request)
-
-    def remove_request(self, request: Request) -> None:
-        if request.status is not _RUNNING:
-            try:
-                self.waiting.remove(request)
-            except ValueError:
-                pass
-
-    def num_queued(self) -> int:
-        return len(self.waiting)
 
     def may_admit(self) -> bool:
         return True

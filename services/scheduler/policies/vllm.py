@@ -11,38 +11,16 @@ preempted in the step are waiting requests admitted, in arrival order, while the
 """
 from __future__ import annotations
 
-from collections import deque
-
 from services.scheduler.output import Budget, SchedulerOutput
-from services.scheduler.policy import Policy
-from services.scheduler.request import Request, RequestStatus
+from services.scheduler.policies.fcfs import FcfsPolicy
+from services.scheduler.request import RequestStatus
 from services.scheduler.state import SchedulerState
 
 _RUNNING = RequestStatus.RUNNING
 
 
-class VllmPolicy(Policy):
+class VllmPolicy(FcfsPolicy):
     name = "vllm"
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-
-    def add_request(self, request: Request) -> None:
-        self.waiting.append(request)
-
-    def remove_request(self, request: Request) -> None:
-        # Running requests are dropped lazily at the next schedule(); only aborts reach the
-        # (rarely long) scan of the waiting queue.
-        if request.status is not _RUNNING:
-            try:
-                self.waiting.remove(request)
-            except ValueError:
-                pass
-
-    def num_queued(self) -> int:
-        return len(self.waiting)
 
     def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
         output = state.new_output()
