@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from lenserve.sampling_params import SamplingParams
+from services.executor.attention.registry import BACKEND_CHOICES, resolve_backend
 from services.executor.models.loader import LoadedModel, load_model
 from services.executor.runner import InProcessExecutor
 from services.executor.types import ExecutorInput, ScheduledSequence
@@ -27,7 +28,8 @@ GREEDY = SamplingParams(temperature=0.0)
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench-executor", help="prefill/decode tokens/s of one iteration")
     p.add_argument("--model", required=True, help="preset name or local checkpoint directory")
-    p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
+    p.add_argument("--attention-backend", default="auto", choices=BACKEND_CHOICES,
+                   help="auto: triton on CUDA, the C++ kernel (cpu) on a CPU, else torch")
     p.add_argument("--batch-sizes", default="1,8,32,128", type=_int_list)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--context-len", type=int, default=512)
@@ -77,7 +79,7 @@ def benchmark(loaded: LoadedModel, args: argparse.Namespace) -> dict:
             torch.cuda.empty_cache()
     return {"model": loaded.name, "family": loaded.family, "dtype": args.dtype,
             "device": str(device), "cpu_threads": torch.get_num_threads(),
-            "attention_backend": args.attention_backend,
+            "attention_backend": resolve_backend(args.attention_backend, str(device)),
             "prompt_len": args.prompt_len, "context_len": args.context_len,
             "weight_bytes": weight_bytes, "copy_bandwidth_bytes_per_s": bandwidth,
             "decode_floor_weights_s": weight_bytes / bandwidth, "rows": rows}

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from lenserve.sampling_params import SamplingParams
+from services.executor.attention.registry import BACKEND_CHOICES
 
 
 def register(subparsers) -> None:
@@ -21,7 +22,8 @@ def register(subparsers) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-gpu-blocks", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
+    p.add_argument("--attention-backend", default="auto", choices=BACKEND_CHOICES,
+                   help="auto: triton on CUDA, the C++ kernel (cpu) on a CPU, else torch")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=run)

@@ -36,7 +36,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     enable_chunked_prefill: bool = True
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"
     dtype: str = "float32"
     device: str = "cpu"
     max_model_len: int | None = None

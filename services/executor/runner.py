@@ -11,7 +11,7 @@ import torch
 
 from lenserve.sampling_params import InvalidRequestError
 from services.executor.attention.base import AttentionMetadata
-from services.executor.attention.registry import get_backend
+from services.executor.attention.registry import check_backend_name, get_backend
 from services.executor.interface import Executor
 from services.executor.kv_cache import KVCachePool
 from services.executor.models.layers import AttentionContext
@@ -32,14 +32,15 @@ GPU_MEMORY_UTILIZATION = 0.9
 class InProcessExecutor(Executor):
     def __init__(self, model: str | LoadedModel, *, block_size: int = 16,
                  num_gpu_blocks: int | None = None, kv_cache_memory_bytes: int | None = None,
-                 attention_backend: str = "torch", dtype: str = "float32", device: str = "cpu",
+                 attention_backend: str = "auto", dtype: str = "float32", device: str = "cpu",
                  max_model_len: int | None = None, seed: int = 0):
-        self.backend = get_backend(attention_backend)
+        check_backend_name(attention_backend)   # before loading weights
         self.loaded = (model if isinstance(model, LoadedModel)
                        else load_model(model, dtype=dtype, device=device, seed=seed))
         self.tokenizer = self.loaded.tokenizer
         self.net = self.loaded.model
         self.device = next(self.net.parameters()).device
+        self.backend = get_backend(attention_backend, str(self.device))
         self.max_model_len = self._context_limit(max_model_len)
         self.block_size = block_size
         num_blocks = num_gpu_blocks or self._blocks_for(kv_cache_memory_bytes)

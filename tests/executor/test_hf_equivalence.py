@@ -22,7 +22,7 @@ BLOCK_SIZE = 16
 def _backends():
     triton_ok = importlib.util.find_spec("triton") is not None
     # Without a GPU the Triton interpreter runs these kernels in about a minute per family.
-    return ["torch", pytest.param("triton", marks=[pytest.mark.slow, pytest.mark.skipif(
+    return ["torch", "cpu", pytest.param("triton", marks=[pytest.mark.slow, pytest.mark.skipif(
         not triton_ok, reason="triton is not installed")])]
 
 
