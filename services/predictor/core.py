@@ -1,8 +1,10 @@
 """The predictor core (ALISE Algorithm 1): no sockets, no threads, no clock reads.
 
 predict: embed → top-k in the model's DB → if the best similarity ≥ s0, the similarity-
-weighted mean of the neighbours' real lengths, else the MLP on the embedding, else a safe
-default. observe: DB.update with the real length, plus a calibration residual.
+weighted (geometric) mean of the neighbours' real lengths, else the MLP on the embedding, else
+a safe default. Between s0 - blend_width and s0 the two are blended in log length, the
+retrieval's weight rising linearly with the best similarity (blend_width 0: ALISE's hard
+switch). observe: DB.update with the real length, plus a calibration residual.
 """
 from __future__ import annotations
 
@@ -87,10 +89,18 @@ class Predictor:
 
     def _combine(self, model, nb: Neighbours, mlp_len, store_err) -> Prediction:
         top = min(1.0, float(nb.scores[0])) if len(nb.scores) else 0.0
-        if top >= self.config.similarity_threshold:
-            keep = nb.scores >= self.config.similarity_threshold
-            length = float(np.dot(nb.scores[keep], nb.lengths[keep]) / nb.scores[keep].sum())
-            return self._make(model, length, Source.RETRIEVAL, top)
+        s0, width = self.config.similarity_threshold, max(0.0, self.config.blend_width)
+        # With no MLP to blend with, ALISE's hard switch at s0.
+        w = 0.0 if not len(nb.scores) else retrieval_weight(top, s0, width) \
+            if mlp_len is not None else float(top >= s0)
+        if w > 0.0:
+            keep = nb.scores >= s0 - width
+            log_len = float(np.dot(nb.scores[keep], np.log1p(nb.lengths[keep]))
+                            / nb.scores[keep].sum())
+            if w < 1.0:
+                log_len = w * log_len + (1.0 - w) * float(np.log1p(mlp_len))
+            source = Source.RETRIEVAL if w >= 0.5 else Source.MLP
+            return self._make(model, float(np.expm1(log_len)), source, top)
         if mlp_len is not None:
             return self._make(model, mlp_len, Source.MLP, top)
         err = store_err or PredictionError("UNKNOWN_MODEL", f"no length data yet for model "
@@ -181,7 +191,7 @@ class Predictor:
         return self.mlps.swap(model, mlp.train(vectors, lengths, self.config.mlp), len(vectors))
 
     def load_mlp(self, model: str, path: str) -> int:
-        module, n = mlp.load(path)
+        module, n = mlp.load(path, input_dim=self.embedder.dim)
         return self.mlps.swap(model, module, n)
 
     def calibrate(self, model: str, prompts: Sequence[str], lengths: Sequence[int]) -> None:
@@ -189,6 +199,14 @@ class Predictor:
         vectors = self.embedder.encode(list(prompts))
         for pred, real in zip(self.predict_vectors(model, vectors), lengths):
             self.calibrator.add(model, pred.source.value, pred.length, float(real))
+
+
+def retrieval_weight(top: float, s0: float, width: float) -> float:
+    """Weight of retrieval against the MLP: 1 at s0 and above, 0 at s0 - width and below,
+    linear in between; a step at s0 when width is 0."""
+    if width <= 0.0:
+        return 1.0 if top >= s0 else 0.0
+    return float(np.clip((top - (s0 - width)) / width, 0.0, 1.0))
 
 
 def _check_prompt(prompt, field: str) -> PredictionError | None:

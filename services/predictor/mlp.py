@@ -16,11 +16,31 @@ from torch import nn
 
 from services.predictor.config import MLPConfig
 
+# Version of the saved weights' layout and input features. 2: an ensemble whose input is the
+# embedder's vector (head+tail embedding when tail_chars > 0). Files without it were trained
+# on another input and are refused, not mis-read.
+FORMAT = 2
+
 
 def build_module(dim: int, hidden: int, dropout: float = 0.0) -> nn.Module:
     # One hidden layer: a deeper head on a few thousand frozen embeddings only overfits.
     return nn.Sequential(nn.Dropout(dropout), nn.Linear(dim, hidden), nn.GELU(),
                          nn.Dropout(dropout), nn.Linear(hidden, 1))
+
+
+class Ensemble(nn.Module):
+    """Members trained with different seeds; the output is their mean log length."""
+
+    def __init__(self, members: list[nn.Module]):
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    @property
+    def input_dim(self) -> int:
+        return int(self.members[0][1].in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([m(x) for m in self.members]).mean(0)
 
 
 @dataclass(frozen=True)
@@ -30,6 +50,9 @@ class MLPWeights:
     num_records: int
 
     def predict(self, vectors: np.ndarray) -> np.ndarray:
+        dim = getattr(self.module, "input_dim", None)
+        if dim is not None and vectors.shape[-1] != dim:
+            raise ValueError(f"MLP takes {dim}-d inputs, got {vectors.shape[-1]}-d vectors")
         with torch.inference_mode():
             out = self.module(torch.from_numpy(np.ascontiguousarray(vectors, np.float32)))
         # Lengths are heavy-tailed; the model regresses log1p(length), which treats a 2×
@@ -37,12 +60,18 @@ class MLPWeights:
         return np.expm1(out.squeeze(-1).numpy()).clip(min=1.0)
 
 
-def train(vectors: np.ndarray, lengths: np.ndarray, config: MLPConfig) -> nn.Module:
+def train(vectors: np.ndarray, lengths: np.ndarray, config: MLPConfig) -> Ensemble:
     if len(vectors) < config.min_train_records:
         raise ValueError(f"need at least {config.min_train_records} records to train the MLP, "
                          f"got {len(vectors)}")
-    torch.manual_seed(config.seed)
-    gen = torch.Generator().manual_seed(config.seed)
+    return Ensemble([_train_one(vectors, lengths, config, config.seed + i)
+                     for i in range(max(1, config.ensemble))]).eval()
+
+
+def _train_one(vectors: np.ndarray, lengths: np.ndarray, config: MLPConfig,
+               seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
     x = torch.from_numpy(np.asarray(vectors, np.float32))
     y = torch.log1p(torch.from_numpy(np.asarray(lengths, np.float32)))
     fit, val = _holdout(len(x), config, gen)
@@ -89,18 +118,29 @@ def _pinball(pred: torch.Tensor, target: torch.Tensor, q: float) -> torch.Tensor
     return torch.maximum(q * err, (q - 1.0) * err).mean()
 
 
-def save(module: nn.Module, path: str, num_records: int) -> None:
+def save(module: Ensemble, path: str, num_records: int) -> None:
     # npz of plain arrays: a worker's output is loaded without unpickling anything.
     arrays = {k: v.detach().numpy() for k, v in module.state_dict().items()}
-    np.savez(path, __num_records__=np.array(num_records), **arrays)
+    np.savez(path, __num_records__=np.array(num_records), __format__=np.array(FORMAT),
+             **arrays)
 
 
-def load(path: str) -> tuple[nn.Module, int]:
+def load(path: str, input_dim: int | None = None) -> tuple[Ensemble, int]:
+    """Weights saved by `save`; refuses files of another format or input width."""
     with np.load(path) as data:
-        state = {k: torch.from_numpy(data[k]) for k in data.files if k != "__num_records__"}
+        meta = {"__num_records__", "__format__"}
+        fmt = int(data["__format__"]) if "__format__" in data.files else 1
+        if fmt != FORMAT:
+            raise ValueError(f"{path}: MLP weights of format {fmt}, this predictor reads "
+                             f"format {FORMAT} (other input features); retrain the MLP")
+        state = {k: torch.from_numpy(data[k]) for k in data.files if k not in meta}
         num_records = int(data["__num_records__"])
-    hidden, dim = state["1.weight"].shape
-    module = build_module(dim, hidden)
+    n = len({k.split(".")[1] for k in state})
+    hidden, dim = state["members.0.1.weight"].shape
+    if input_dim is not None and dim != input_dim:
+        raise ValueError(f"{path}: MLP takes {dim}-d inputs, the embedder gives {input_dim}-d "
+                         f"vectors; retrain the MLP")
+    module = Ensemble([build_module(dim, hidden) for _ in range(n)])
     module.load_state_dict(state)
     return module.eval(), num_records
 

@@ -54,6 +54,11 @@ class LengthStore:
         if name in self._known:
             return name
         if self.client.collection_exists(name):
+            size = self.client.get_collection(name).config.params.vectors.size
+            if size != self.dim:
+                # e.g. a DB built with head-only embeddings opened with head+tail ones.
+                raise ValueError(f"collection {name} holds {size}-d vectors, the embedder gives "
+                                 f"{self.dim}-d ones; rebuild the DB with this embedder config")
             self._known.add(name)
             return name
         if not create:

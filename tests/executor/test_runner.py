@@ -85,3 +85,17 @@ def test_pool_size_follows_the_memory_budget():
         InProcessExecutor(ex.loaded, max_model_len=10**6)
     with pytest.raises(InvalidRequestError, match="attention backend"):
         InProcessExecutor(ex.loaded, attention_backend="flash")
+
+
+def test_auto_backend_takes_the_cpu_kernel_on_a_cpu(executor):
+    ex = InProcessExecutor(executor.loaded, num_gpu_blocks=8)
+    assert ex.backend.name == "cpu"
+    assert ex.model_info().attention_backend == "cpu"
+
+
+def test_auto_backend_falls_back_to_torch_without_the_kernel(executor, monkeypatch):
+    from services.executor.attention import cpu_kernels
+
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
+    ex = InProcessExecutor(executor.loaded, num_gpu_blocks=8)
+    assert ex.backend.name == "torch"

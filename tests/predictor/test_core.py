@@ -1,3 +1,4 @@
+import itertools
 import json
 
 import numpy as np
@@ -123,3 +124,57 @@ def test_online_updates_track_a_terser_model(embedder):
     assert err_after < 0.6 * err_before
     [p] = predictor.predict([prompts[0]], "m")
     assert p.length == served[0]  # the served model's own completion replaced the seed
+
+
+def test_embedding_is_head_and_tail_concatenated():
+    from services.predictor.config import EmbedderConfig
+    from services.predictor.embedder import Embedder
+
+    embedder = Embedder(EmbedderConfig(max_seq_length=64, tail_chars=300))
+    head_only = Embedder(EmbedderConfig(max_seq_length=64, tail_chars=0))
+    long_prompt = "word " * 400 + "Summarize the above in one line."
+    v = embedder.encode(["Hi there", long_prompt])
+    assert v.shape == (2, 2 * head_only.dim) == (2, embedder.dim)
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    # A short prompt is its own tail; a long one's tail differs from its head.
+    h = head_only.encode(["Hi there", long_prompt])
+    np.testing.assert_allclose(v[0, :head_only.dim] * np.sqrt(2), h[0], atol=1e-5)
+    np.testing.assert_array_equal(v[0, :head_only.dim], v[0, head_only.dim:])
+    assert float(v[1, :head_only.dim] @ v[1, head_only.dim:]) * 2 < 0.9
+
+
+def test_blend_weight_is_monotonic_in_similarity():
+    from services.predictor.core import retrieval_weight
+
+    sims = np.linspace(0.0, 1.0, 101)
+    w = [retrieval_weight(s, 0.8, 0.1) for s in sims]
+    assert all(a <= b for a, b in itertools.pairwise(w))
+    assert w[69] == 0.0 and w[81] == 1.0 and 0.0 < w[75] < 1.0
+    assert [retrieval_weight(s, 0.8, 0.0) for s in (0.79, 0.8)] == [0.0, 1.0]
+
+
+def test_blended_prediction_lies_between_retrieval_and_mlp(predictor):
+    from services.predictor.store import Neighbours
+
+    nb = Neighbours(np.array([0.75], np.float32), np.array([400.0], np.float32))
+    p = predictor._combine("m", nb, 25.0, None)  # s0 0.8, width 0.1: half and half
+    assert 25 < p.length < 400 and p.length == pytest.approx(np.expm1(
+        (np.log1p(400) + np.log1p(25)) / 2), abs=1)
+    low = predictor._combine("m", Neighbours(np.array([0.6], np.float32), nb.lengths), 25.0, None)
+    assert low.length == 25 and low.source is Source.MLP
+    # With no MLP yet, the hard switch at s0 still applies.
+    assert predictor._combine("m", nb, None, None).source is Source.DEFAULT
+
+
+def test_db_of_another_vector_width_is_refused(tmp_path, embedder):
+    from services.predictor.config import StoreConfig
+    from services.predictor.store import LengthStore
+
+    path = str(tmp_path / "db")
+    old = LengthStore(StoreConfig(qdrant_path=path), dim=2 * embedder.dim)
+    old.upsert("m", np.eye(2 * embedder.dim, dtype=np.float32)[:2], np.array([3.0, 4.0]), 0.0)
+    old.close()
+    store = LengthStore(StoreConfig(qdrant_path=path), dim=embedder.dim)
+    with pytest.raises(ValueError, match="rebuild the DB"):
+        store.count("m")
+    store.close()

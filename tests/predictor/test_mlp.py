@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from services.predictor import mlp
 from services.predictor.config import MLPConfig
@@ -28,3 +29,21 @@ def test_early_stopped_median_regressor_beats_a_constant(tmp_path):
     loaded, n = mlp.load(path)
     assert n == 500
     np.testing.assert_allclose(mlp.MLPWeights(loaded, 2, n).predict(x[500:]), pred, rtol=1e-5)
+
+
+def test_ensemble_saves_with_format_and_old_files_are_refused(tmp_path):
+    x, y = _data(200)
+    module = mlp.train(x, y, MLPConfig(hidden=8, epochs=3, ensemble=2))
+    assert len(module.members) == 2 and module.input_dim == 16
+    path = str(tmp_path / "w.npz")
+    mlp.save(module, path, 200)
+    with pytest.raises(ValueError, match="retrain"):
+        mlp.load(path, input_dim=32)  # another embedder config: refused, not mis-read
+    # A pre-ensemble (format 1) file: one Sequential's arrays, no format marker.
+    old = str(tmp_path / "old.npz")
+    arrays = {k: v.detach().numpy() for k, v in mlp.build_module(16, 8).state_dict().items()}
+    np.savez(old, __num_records__=np.array(200), **arrays)
+    with pytest.raises(ValueError, match="format 1"):
+        mlp.load(old)
+    with pytest.raises(ValueError, match="16-d inputs"):
+        mlp.MLPWeights(module, 1, 200).predict(np.zeros((2, 32), np.float32))

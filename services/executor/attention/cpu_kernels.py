@@ -31,6 +31,20 @@ _SOURCE = r"""
 template <typename T>
 static inline float to_f(T x) { return static_cast<float>(x); }
 
+// Calls f(position, kv_head, row) for every cached position of a sequence and every KV head in
+// [h0, h1), block by block through the table, each block in address order.
+template <typename T, typename F>
+static inline void sweep(const T* __restrict cache, const int32_t* __restrict table,
+                         int64_t seq_len, int64_t bs, int64_t row, int64_t h0, int64_t h1,
+                         int64_t D, F&& f) {
+  for (int64_t t0 = 0; t0 < seq_len; t0 += bs) {
+    const int64_t n = std::min(bs, seq_len - t0);
+    const T* base = cache + static_cast<int64_t>(table[t0 / bs]) * bs * row;
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t kvh = h0; kvh < h1; ++kvh) f(t0 + j, kvh, base + j * row + kvh * D);
+  }
+}
+
 // One work item: KV heads [h0, h1) of one sequence (each with its G query heads) against the
 // sequence's seq_len keys. Every block's rows for those heads are read in address order, so the
 // sweep over a block is one contiguous stream when the item covers all heads.
@@ -47,24 +61,17 @@ static void decode_item(const T* __restrict q, const T* __restrict kc, const T* 
   for (int64_t h = 0; h < nq; ++h)
     for (int64_t d = 0; d < D; ++d) qf[h * D + d] = to_f(q[(h0 * G + h) * D + d]) * scale;
   const int64_t row = Hkv * D;
-  // Pass 1: scores = q . k for every key, block by block through the table.
-  for (int64_t t0 = 0; t0 < seq_len; t0 += bs) {
-    const int64_t n = std::min(bs, seq_len - t0);
-    const T* kb = kc + static_cast<int64_t>(table[t0 / bs]) * bs * row;
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t kvh = h0; kvh < h1; ++kvh) {
-        const T* k = kb + j * row + kvh * D;
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t h = (kvh - h0) * G + g;
-          const float* qh = qf.data() + h * D;
-          float s = 0.0f;
+  // Pass 1: scores = q . k for every key.
+  sweep(kc, table, seq_len, bs, row, h0, h1, D, [&](int64_t t, int64_t kvh, const T* k) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t h = (kvh - h0) * G + g;
+      const float* qh = qf.data() + h * D;
+      float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < D; ++d) s += qh[d] * to_f(k[d]);
-          scores[h * seq_len + t0 + j] = s;
-        }
-      }
+      for (int64_t d = 0; d < D; ++d) s += qh[d] * to_f(k[d]);
+      scores[h * seq_len + t] = s;
     }
-  }
+  });
   // Softmax per query head (normalised at the end).
   for (int64_t h = 0; h < nq; ++h) {
     float* sh = scores.data() + h * seq_len;
@@ -73,22 +80,15 @@ static void decode_item(const T* __restrict q, const T* __restrict kc, const T* 
     for (int64_t t = 0; t < seq_len; ++t) sh[t] = std::exp(sh[t] - m);
   }
   // Pass 2: acc = sum_t p_t v_t.
-  for (int64_t t0 = 0; t0 < seq_len; t0 += bs) {
-    const int64_t n = std::min(bs, seq_len - t0);
-    const T* vb = vc + static_cast<int64_t>(table[t0 / bs]) * bs * row;
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t kvh = h0; kvh < h1; ++kvh) {
-        const T* v = vb + j * row + kvh * D;
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t h = (kvh - h0) * G + g;
-          const float p = scores[h * seq_len + t0 + j];
-          float* ah = acc.data() + h * D;
+  sweep(vc, table, seq_len, bs, row, h0, h1, D, [&](int64_t t, int64_t kvh, const T* v) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t h = (kvh - h0) * G + g;
+      const float p = scores[h * seq_len + t];
+      float* ah = acc.data() + h * D;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) ah[d] += p * to_f(v[d]);
-        }
-      }
+      for (int64_t d = 0; d < D; ++d) ah[d] += p * to_f(v[d]);
     }
-  }
+  });
   for (int64_t h = 0; h < nq; ++h) {
     const float* sh = scores.data() + h * seq_len;
     float z = 0.0f;
@@ -175,7 +175,7 @@ def load() -> object:
             from torch.utils.cpp_extension import load_inline
 
             _module = load_inline(
-                name="lenserve_cpu_attention_v2", cpp_sources=[_SOURCE],
+                name="lenserve_cpu_attention_v3", cpp_sources=[_SOURCE],
                 functions=["paged_decode"],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"],
                 extra_ldflags=["-fopenmp"], verbose=False)
