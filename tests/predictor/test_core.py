@@ -178,3 +178,19 @@ def test_db_of_another_vector_width_is_refused(tmp_path, embedder):
     with pytest.raises(ValueError, match="rebuild the DB"):
         store.count("m")
     store.close()
+
+
+def test_encoder_precision_is_resolved_and_checked():
+    from services.predictor.embedder import cpu_has_native_bf16, resolve_precision
+
+    assert resolve_precision("auto") == ("bf16" if cpu_has_native_bf16() else "fp32")
+    assert resolve_precision("int8") == "int8"
+    with pytest.raises(ValueError, match="precision"):
+        resolve_precision("fp16")
+
+
+def test_a_prompt_gets_the_same_vector_alone_and_in_a_batch(embedder):
+    prompt = "Write a haiku about the sea"
+    alone = embedder.encode([prompt])[0]
+    batched = embedder.encode(["x " * 40, prompt, "Hi"])[1]
+    assert float(alone @ batched) > 0.999
