@@ -11,7 +11,7 @@ import torch
 
 from services.executor.attention import cpu_kernels
 from services.executor.attention.base import AttentionMetadata
-from services.executor.attention.torch_backend import TorchAttention, attend_one, gather_kv
+from services.executor.attention.torch_backend import TorchAttention
 
 
 class CpuAttention(TorchAttention):
@@ -34,10 +34,6 @@ class CpuAttention(TorchAttention):
                 meta.seq_lens[decode].contiguous(),
                 meta.query_start_loc[decode].contiguous(), scale, out)
         if decode.numel() < meta.num_seqs:
-            starts = meta.query_start_loc.tolist()
-            for i in torch.nonzero(q_lens > 1).flatten().tolist():
-                lo, hi, seq_len = starts[i], starts[i + 1], int(meta.seq_lens[i])
-                table = meta.block_tables[i]
-                k, v = gather_kv(k_cache, table, seq_len), gather_kv(v_cache, table, seq_len)
-                out[lo:hi] = attend_one(q[lo:hi], k, v, scale)
+            self.attend_sequences(q, k_cache, v_cache, meta, scale, out,
+                                  torch.nonzero(q_lens > 1).flatten().tolist())
         return out

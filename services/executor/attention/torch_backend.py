@@ -41,11 +41,17 @@ class TorchAttention(AttentionBackend):
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
         out = torch.empty_like(q)
-        starts = meta.query_start_loc.tolist()
-        for i, seq_len in enumerate(meta.seq_lens.tolist()):
-            lo, hi = starts[i], starts[i + 1]
+        self.attend_sequences(q, k_cache, v_cache, meta, scale, out, range(meta.num_seqs))
+        return out
+
+    @staticmethod
+    def attend_sequences(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                         out: torch.Tensor, seq_ids) -> None:
+        """Write the rows of sequences ``seq_ids`` into ``out``, one SDPA call per sequence."""
+        starts, seq_lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
+        for i in seq_ids:
+            lo, hi, seq_len = starts[i], starts[i + 1], seq_lens[i]
             if hi > lo:
                 table = meta.block_tables[i]
                 k, v = gather_kv(k_cache, table, seq_len), gather_kv(v_cache, table, seq_len)
                 out[lo:hi] = attend_one(q[lo:hi], k, v, scale)
-        return out
