@@ -25,8 +25,12 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--qdrant-url", default=os.environ.get("LENSERVE_QDRANT_URL"),
                    help="a Qdrant server instead of embedded mode")
     g.add_argument("--model", default="default", help="served model whose DB is used")
-    g.add_argument("--encoder", default=None, help="sentence-transformers model path")
-    g.add_argument("--max-seq-length", type=int, default=32, help="encoder tokens per prompt")
+    g.add_argument("--encoder", default=None,
+                   help="sentence-transformers model directory (default: the encoder `build "
+                        "--finetune-epochs` left beside --qdrant-path, else all-MiniLM-L6-v2)")
+    g.add_argument("--max-seq-length", type=int, default=0,
+                   help="encoder tokens per prompt (0: a fine-tuned encoder's own window, else "
+                        "32; with --finetune-epochs, the window to train, default 64)")
     g.add_argument("--precision", default="auto", choices=PRECISIONS,
                    help="encoder arithmetic (auto: bf16 on CPUs with native bf16, else fp32)")
     g.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch default)")
@@ -40,9 +44,25 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-points", type=int, default=50_000, help="DB bound per model")
 
 
+def encoder_beside_db(qdrant_path: str, qdrant_url: str | None) -> str | None:
+    """Where build leaves a fine-tuned encoder for serve: beside an on-disk Qdrant directory."""
+    if qdrant_path == ":memory:" or qdrant_url:
+        return None
+    return os.path.normpath(qdrant_path) + "-encoder"
+
+
+def resolve_encoder(args) -> str | None:
+    """--encoder, else the encoder build fine-tuned beside the DB, else stock MiniLM (None)."""
+    if args.encoder:
+        return args.encoder
+    beside = encoder_beside_db(args.qdrant_path, args.qdrant_url)
+    return beside if beside and os.path.isdir(beside) else None
+
+
 def config_from_args(args) -> PredictorConfig:
     return PredictorConfig(
-        embedder=EmbedderConfig(args.encoder, args.max_seq_length, num_threads=args.threads,
+        embedder=EmbedderConfig(resolve_encoder(args), args.max_seq_length,
+                                num_threads=args.threads,
                                 precision=args.precision, tail_chars=args.tail_chars),
         mlp=MLPConfig(ensemble=args.mlp_ensemble), blend_width=args.blend_width,
         store=StoreConfig(qdrant_path=args.qdrant_path, qdrant_url=args.qdrant_url,
@@ -136,6 +156,13 @@ async def serve_async(args) -> int:
         if args.retrain_dir:
             os.makedirs(args.retrain_dir, exist_ok=True)
         predictor.retrain_hook = tasks.CeleryRetrainer(predictor, workdir=args.retrain_dir)
+    try:  # a DB built with another encoder or width: refuse to start, say why
+        for model in predictor.store.models():
+            predictor.store.has_model(model)
+    except ValueError as exc:
+        log.error("cannot serve this DB: %s", exc)
+        predictor.store.close()
+        return 2
     load_or_train_mlps(predictor)
     server, port = build_server(predictor, f"{args.host}:{args.port}")
     await server.start()
@@ -186,19 +213,55 @@ def build(args) -> int:
     config = dataclasses.replace(config_from_args(args), retrain_every=0)
     train, _, tokenizer = _load_split(argparse.Namespace(**{**vars(args), "num_test": 0}))
     lengths = datasets.count_tokens(tokenizer, [s.reply for s in train])
-    predictor = Predictor(config)
     t0 = time.perf_counter()
+    if args.finetune_epochs > 0:
+        config = _fine_tune(args, config, [s.prompt for s in train], lengths)
+    predictor = Predictor(config)
     created = predictor.seed(args.model, [s.prompt for s in train], lengths)
     version = predictor.retrain(args.model)
     path = mlp_path(config, args.model)
     if path:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        mlp.save(predictor.mlps.get(args.model).module, path, len(train))
+        mlp.save(predictor.mlps.get(args.model).module, path, len(train),
+                 predictor.embedder.encoder_id)
     print(f"seeded {len(train)} records ({created} new points, "
           f"{predictor.store.count(args.model)} in DB) for model {args.model!r}; MLP v{version}"
           f"{' saved to ' + path if path else ''} in {time.perf_counter() - t0:.1f}s")
     predictor.store.close()
     return 0
+
+
+def finetune_config(args):
+    from services.predictor.finetune import DEFAULT_WINDOW
+    from services.predictor.proxy import ProxyConfig
+
+    # The base is --encoder when given, never an earlier fine-tune found beside the DB.
+    return ProxyConfig(encoder_path=args.encoder, epochs=args.finetune_epochs,
+                       max_seq_length=args.max_seq_length or DEFAULT_WINDOW,
+                       num_layers=args.finetune_layers, seed=args.seed)
+
+
+def add_finetune_args(p: argparse.ArgumentParser, epochs: int, what: str) -> None:
+    from services.predictor.finetune import DEFAULT_LAYERS
+
+    p.add_argument("--finetune-epochs", type=int, default=epochs, help=what)
+    p.add_argument("--finetune-layers", type=int, default=DEFAULT_LAYERS,
+                   help="encoder layers kept by the fine-tune (0 = all)")
+
+
+def _fine_tune(args, config: PredictorConfig, prompts: list[str], lengths) -> PredictorConfig:
+    from services.predictor.finetune import fine_tune_encoder
+
+    out = args.encoder_out or encoder_beside_db(args.qdrant_path, args.qdrant_url)
+    if not out:
+        raise SystemExit("--finetune-epochs needs --encoder-out DIR (or an on-disk --qdrant-path, "
+                         "beside which the encoder is saved for serve)")
+    t0 = time.perf_counter()
+    enc_id = fine_tune_encoder(prompts, lengths, out, finetune_config(args))
+    print(f"encoder fine-tuned on {len(prompts)} records in {time.perf_counter() - t0:.0f}s: "
+          f"{out} (id {enc_id})")
+    return dataclasses.replace(config, embedder=dataclasses.replace(config.embedder,
+                                                                    encoder_path=out))
 
 
 def evaluate(args) -> int:
@@ -210,12 +273,14 @@ def evaluate(args) -> int:
     data = ev.prepare(train, test, tokenizer)
     config = dataclasses.replace(config_from_args(args), store=StoreConfig(), retrain_every=0)
     proxy = ProxyConfig(encoder_path=args.encoder, epochs=args.proxy_epochs)
+    finetune = finetune_config(args) if args.finetune_epochs > 0 else None
     rows = ev.run(data, config, proxy, args.bucket_width, args.num_buckets,
-                  with_proxy=args.proxy_epochs > 0)
+                  with_proxy=args.proxy_epochs > 0, finetune=finetune)
     print(f"{args.dataset_name}: train {len(train)}, test {len(test)}; lengths in tokens of "
           f"{args.tokenizer or 'all-MiniLM-L6-v2'}")
     print(f"bucket accuracy: {ev.describe_buckets(args.bucket_width, args.num_buckets)}; "
-          f"encoder max_seq_length {args.max_seq_length}, {resolve_precision(args.precision)}, "
+          f"encoder window {args.max_seq_length or 32} tokens (tuned: "
+          f"{finetune.max_seq_length if finetune else '-'}), {resolve_precision(args.precision)}, "
           f"torch threads {args.threads}")
     print(ev.format_table(rows))
     return 0
@@ -227,6 +292,8 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket-width", type=int, default=100)
     p.add_argument("--num-buckets", type=int, default=10)
     p.add_argument("--proxy-epochs", type=int, default=2, help="0 skips the proxy baseline")
+    add_finetune_args(p, 2, "also run ALISE on an encoder fine-tuned on the training part "
+                            "(0 = off)")
 
 
 def register_subcommands(sub) -> None:
@@ -236,6 +303,10 @@ def register_subcommands(sub) -> None:
     b = sub.add_parser("build", help="seed the DB from a data set and train the MLP")
     add_common(b)
     add_data_args(b)
+    add_finetune_args(b, 0, "first fine-tune the encoder on the records' lengths (0 = stock "
+                            "encoder)")
+    b.add_argument("--encoder-out", default=None,
+                   help="where the fine-tuned encoder goes (default: beside --qdrant-path)")
     b.set_defaults(func=build)
     e = sub.add_parser("eval", help="ALISE vs baselines on a train/test split")
     add_eval_args(e)

@@ -31,7 +31,8 @@ class Predictor:
                  retrain_hook: Callable[[str], None] | None = None):
         self.config = config
         self.embedder = embedder or Embedder(config.embedder, config.max_prompt_chars)
-        self.store = store or LengthStore(config.store, self.embedder.dim)
+        self.store = store or LengthStore(config.store, self.embedder.dim,
+                                         encoder=self.embedder.encoder_id)
         self.mlps = mlp.MLPSlot()
         self.calibrator = Calibrator(config.upper_quantile, config.calibration_window)
         # Called with a model name when retrain_every new records arrived; None retrains inline.
@@ -191,7 +192,8 @@ class Predictor:
         return self.mlps.swap(model, mlp.train(vectors, lengths, self.config.mlp), len(vectors))
 
     def load_mlp(self, model: str, path: str) -> int:
-        module, n = mlp.load(path, input_dim=self.embedder.dim)
+        module, n = mlp.load(path, input_dim=self.embedder.dim,
+                             encoder=self.embedder.encoder_id)
         return self.mlps.swap(model, module, n)
 
     def calibrate(self, model: str, prompts: Sequence[str], lengths: Sequence[int]) -> None:

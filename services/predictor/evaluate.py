@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -11,12 +12,15 @@ import numpy as np
 from services.predictor import datasets
 from services.predictor.config import PredictorConfig, StoreConfig
 from services.predictor.core import Predictor
+from services.predictor.finetune import fine_tune_encoder
 from services.predictor.metrics import LengthMetrics, latency_percentiles, length_metrics
 from services.predictor.proxy import ProxyConfig, ProxyRegressor
 
 log = logging.getLogger(__name__)
 EVAL_MODEL = "eval"
 NEVER, ALWAYS = 2.0, -2.0  # similarity thresholds that disable / force retrieval
+# The tail of the training part held out to tune s0, k and the blend and to calibrate.
+CALIB_FRACTION = 0.1
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,8 @@ def prepare(train, test, tokenizer) -> EvalData:
                     np.array(datasets.count_tokens(tokenizer, [s.reply for s in test])))
 
 
-def build_predictor(data: EvalData, config: PredictorConfig, calib_fraction: float = 0.1,
-                    tune: bool = True):
+def build_predictor(data: EvalData, config: PredictorConfig,
+                    calib_fraction: float = CALIB_FRACTION, tune: bool = True):
     """Seed the DB, train the MLP, then calibrate on a held-out slice of the training part."""
     config = dataclasses.replace(config, store=StoreConfig(qdrant_path=":memory:"),
                                  retrain_every=0, default_model=EVAL_MODEL)
@@ -105,7 +109,10 @@ def time_calls(fn, prompts: list[str], single: int = 200, batches: int = 10):
 
 
 def run(data: EvalData, config: PredictorConfig, proxy_config: ProxyConfig,
-        width: int = 100, num_buckets: int = 10, with_proxy: bool = True) -> list[Row]:
+        width: int = 100, num_buckets: int = 10, with_proxy: bool = True,
+        finetune: ProxyConfig | None = None) -> list[Row]:
+    """The baselines, then ALISE on the configured encoder and, with `finetune`, on an encoder
+    fine-tuned on the same training records the DB and MLP learn from (never the test part)."""
     real = data.test_lengths
     metric = lambda pred, upper=None: length_metrics(pred, real, upper, width, num_buckets)
     rows = [Row("global mean", metric(np.full(len(real), data.train_lengths.mean())))]
@@ -113,20 +120,40 @@ def run(data: EvalData, config: PredictorConfig, proxy_config: ProxyConfig,
     if with_proxy:
         rows.append(_proxy_row(data, proxy_config, metric))
         log.info("proxy baseline done at %.0fs", time.perf_counter() - t0)
+    rows += _alise_rows(data, config, metric)
+    log.info("ALISE done at %.0fs", time.perf_counter() - t0)
+    if finetune is not None:
+        with tempfile.TemporaryDirectory(prefix="lenserve-encoder-") as tmp:
+            n_fit = int(len(data.train_prompts) * (1 - CALIB_FRACTION))
+            t1 = time.perf_counter()
+            fine_tune_encoder(data.train_prompts[:n_fit], data.train_lengths[:n_fit], tmp,
+                              finetune)
+            fit_s = time.perf_counter() - t1
+            tuned = dataclasses.replace(config, embedder=dataclasses.replace(
+                config.embedder, encoder_path=tmp))
+            rows += _alise_rows(data, tuned, metric, " + tuned encoder",
+                                f"encoder fine-tuned in {fit_s:.0f}s, ")
+        log.info("ALISE with a tuned encoder done at %.0fs", time.perf_counter() - t0)
+    return rows
+
+
+def _alise_rows(data: EvalData, config: PredictorConfig, metric, suffix: str = "",
+                note: str = "") -> list[Row]:
     predictor = build_predictor(data, config)
-    log.info("DB seeded and MLP trained at %.0fs", time.perf_counter() - t0)
     vectors = predictor.embedder.encode(data.test_prompts)
     s0 = predictor.config.similarity_threshold
+    rows = []
     for name, threshold in (("retrieval only", ALWAYS), ("MLP only", NEVER), ("ALISE", s0)):
         preds = _with_threshold(predictor, threshold).predict_vectors(EVAL_MODEL, vectors)
         lengths = [p.length for p in preds]
         uppers = [p.upper_quantile for p in preds]
         timing = time_calls(predictor.predict, data.test_prompts) if name == "ALISE" else ()
         share = np.mean([p.source.value == "retrieval" for p in preds])
-        note = f"retrieval {share:.0%}" + (
+        row_note = f"retrieval {share:.0%}" + (
             f", s0={s0}, k={predictor.config.top_k}, blend {predictor.config.blend_width}"
             if name == "ALISE" else "")
-        rows.append(Row(name, metric(lengths, uppers), *timing, note=note))
+        rows.append(Row(name + suffix, metric(lengths, uppers), *timing,
+                        note=(note if name == "ALISE" else "") + row_note))
     predictor.store.close()
     return rows
 
@@ -147,12 +174,12 @@ def describe_buckets(width: int, num_buckets: int) -> str:
 
 
 def format_table(rows: list[Row]) -> str:
-    head = (f"{'method':<26} {'acc':>5} {'meanRE':>7} {'medRE':>6} {'tau':>6} {'rho':>6} "
+    head = (f"{'method':<30} {'acc':>5} {'meanRE':>7} {'medRE':>6} {'tau':>6} {'rho':>6} "
             f"{'under':>6} {'upper⊇':>6} {'p50ms':>6} {'p99ms':>6} {'b32/s':>6} {'ms/p':>5}  note")
     lines = [head]
     for r in rows:
         m = r.metrics
-        lines.append(f"{r.method:<26} {m.bucket_accuracy:5.3f} {m.mean_rel_error:7.3f} "
+        lines.append(f"{r.method:<30} {m.bucket_accuracy:5.3f} {m.mean_rel_error:7.3f} "
                      f"{m.median_rel_error:6.3f} {m.kendall_tau:6.3f} {m.spearman_rho:6.3f} "
                      f"{m.under_predicted:6.3f} {m.upper_covered:6.3f} {r.p50_ms:6.1f} "
                      f"{r.p99_ms:6.1f} {r.batch32_per_s:6.0f} {r.batch32_ms_per_prompt:5.1f}  "

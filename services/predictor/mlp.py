@@ -118,21 +118,28 @@ def _pinball(pred: torch.Tensor, target: torch.Tensor, q: float) -> torch.Tensor
     return torch.maximum(q * err, (q - 1.0) * err).mean()
 
 
-def save(module: Ensemble, path: str, num_records: int) -> None:
+def save(module: Ensemble, path: str, num_records: int, encoder: str | None = None) -> None:
+    """`encoder`: the id of the encoder whose vectors the MLP was trained on (embedder.py)."""
     # npz of plain arrays: a worker's output is loaded without unpickling anything.
     arrays = {k: v.detach().numpy() for k, v in module.state_dict().items()}
+    tag = {} if encoder is None else {"__encoder__": np.array(encoder)}
     np.savez(path, __num_records__=np.array(num_records), __format__=np.array(FORMAT),
-             **arrays)
+             **tag, **arrays)
 
 
-def load(path: str, input_dim: int | None = None) -> tuple[Ensemble, int]:
-    """Weights saved by `save`; refuses files of another format or input width."""
+def load(path: str, input_dim: int | None = None,
+         encoder: str | None = None) -> tuple[Ensemble, int]:
+    """Weights saved by `save`; refuses files of another format, input width or encoder."""
     with np.load(path) as data:
-        meta = {"__num_records__", "__format__"}
+        meta = {"__num_records__", "__format__", "__encoder__"}
         fmt = int(data["__format__"]) if "__format__" in data.files else 1
         if fmt != FORMAT:
             raise ValueError(f"{path}: MLP weights of format {fmt}, this predictor reads "
                              f"format {FORMAT} (other input features); retrain the MLP")
+        built = str(data["__encoder__"]) if "__encoder__" in data.files else None
+        if encoder is not None and built is not None and built != encoder:
+            raise ValueError(f"{path}: MLP trained on vectors of encoder {built!r}, the embedder "
+                             f"is {encoder!r}; retrain the MLP")
         state = {k: torch.from_numpy(data[k]) for k in data.files if k not in meta}
         num_records = int(data["__num_records__"])
     n = len({k.split(".")[1] for k in state})

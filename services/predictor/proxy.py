@@ -19,6 +19,9 @@ class ProxyConfig:
     lr: float = 5e-5
     head_lr: float = 1e-3
     seed: int = 0
+    # Keep only the encoder's first this many transformer layers (0 = all): a fine-tuned
+    # shallower encoder reads a longer window for the same cost per prompt.
+    num_layers: int = 0
 
 
 class ProxyRegressor(nn.Module):
@@ -32,6 +35,8 @@ class ProxyRegressor(nn.Module):
         self.config = config
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.encoder = AutoModel.from_pretrained(path)
+        if config.num_layers:
+            truncate_layers(self.encoder, config.num_layers)
         self.head = nn.Linear(self.encoder.config.hidden_size, 1)
 
     def forward(self, prompts: list[str]) -> torch.Tensor:
@@ -66,3 +71,14 @@ class ProxyRegressor(nn.Module):
             for i in range(0, len(prompts), batch_size):
                 out.append(self(prompts[i:i + batch_size]).numpy())
         return np.expm1(np.concatenate(out)).clip(min=1.0)
+
+
+def truncate_layers(encoder: nn.Module, num_layers: int) -> None:
+    """Drop a BERT-style encoder's top layers in place; its config then saves the new depth."""
+    layers = getattr(getattr(encoder, "encoder", None), "layer", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(f"cannot truncate {type(encoder).__name__}: not a BERT-style encoder")
+    if not 0 < num_layers <= len(layers):
+        raise ValueError(f"num_layers must be in 1..{len(layers)}, got {num_layers}")
+    encoder.encoder.layer = layers[:num_layers]
+    encoder.config.num_hidden_layers = num_layers

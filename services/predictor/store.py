@@ -15,6 +15,7 @@ import numpy as np
 from qdrant_client import QdrantClient, models
 
 from services.predictor.config import StoreConfig
+from services.predictor.embedder import STOCK_ENCODER_ID
 from services.predictor.mirror import SearchMirror
 
 
@@ -38,9 +39,12 @@ def collection_name(prefix: str, model: str) -> str:
 
 
 class LengthStore:
-    def __init__(self, config: StoreConfig, dim: int, client: QdrantClient | None = None):
+    def __init__(self, config: StoreConfig, dim: int, client: QdrantClient | None = None,
+                 encoder: str = STOCK_ENCODER_ID):
         self.config = config
         self.dim = dim
+        # Vectors of two encoders are not comparable: every point is tagged with its encoder.
+        self.encoder = encoder
         self.client = client or open_client(config)
         self._known: set[str] = set()
         # Embedded mode only: searched in-process (see mirror.py); built on first search.
@@ -59,6 +63,13 @@ class LengthStore:
                 # e.g. a DB built with head-only embeddings opened with head+tail ones.
                 raise ValueError(f"collection {name} holds {size}-d vectors, the embedder gives "
                                  f"{self.dim}-d ones; rebuild the DB with this embedder config")
+            points, _ = self.client.scroll(name, limit=1, with_payload=["encoder"])
+            # Points written before the tag existed were all made by the stock encoder.
+            built = points[0].payload.get("encoder", STOCK_ENCODER_ID) if points else self.encoder
+            if built != self.encoder:
+                raise ValueError(f"collection {name} was built with encoder {built!r}, the "
+                                 f"embedder is {self.encoder!r}; rebuild the DB with this encoder "
+                                 f"or serve with the one that built it (--encoder)")
             self._known.add(name)
             return name
         if not create:
@@ -113,7 +124,7 @@ class LengthStore:
             if target is None:
                 pid = str(uuid.uuid4())
                 payload = {"model": model, "length": float(lengths[i]), "count": 1,
-                           "last_seen": now, "observed": observed}
+                           "last_seen": now, "observed": observed, "encoder": self.encoder}
                 points[pid] = models.PointStruct(id=pid, vector=vec.tolist(), payload=payload)
                 pending_vecs.append(vec)
                 pending_ids.append(pid)

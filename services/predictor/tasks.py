@@ -42,9 +42,10 @@ if os.environ.get("LENSERVE_CELERY_BROKER"):
 def retrain_mlp(data_path: str, out_path: str, mlp_config: dict) -> dict:
     with np.load(data_path) as data:
         vectors, lengths = data["vectors"], data["lengths"]
+        encoder = str(data["encoder"]) if "encoder" in data.files else None
     module = mlp.train(vectors, lengths, MLPConfig(**mlp_config))
     tmp = out_path + ".tmp.npz"
-    mlp.save(module, tmp, len(vectors))
+    mlp.save(module, tmp, len(vectors), encoder)
     os.replace(tmp, out_path)  # a reader never sees half-written weights
     return {"out_path": out_path, "num_records": len(vectors)}
 
@@ -79,7 +80,8 @@ class CeleryRetrainer:
         if len(vectors) < self.predictor.config.mlp.min_train_records:
             raise ValueError(f"model {model!r} has {len(vectors)} records, too few to train")
         stem = os.path.join(self.workdir, f"{abs(hash(model)):x}")
-        np.savez(stem + "-data.npz", vectors=vectors, lengths=lengths)
+        np.savez(stem + "-data.npz", vectors=vectors, lengths=lengths,
+                 encoder=np.array(self.predictor.embedder.encoder_id))
         cfg = dataclasses.asdict(self.predictor.config.mlp)
         result = retrain_mlp.apply_async((stem + "-data.npz", stem + "-mlp.npz", cfg),
                                          queue=self.queue)
