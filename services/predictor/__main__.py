@@ -25,7 +25,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--qdrant-url", default=os.environ.get("LENSERVE_QDRANT_URL"),
                    help="a Qdrant server instead of embedded mode")
     g.add_argument("--model", default="default", help="served model whose DB is used")
-    g.add_argument("--encoder", default=None,
+    g.add_argument("--encoder", default=os.environ.get("LENSERVE_PREDICTOR_ENCODER"),
                    help="sentence-transformers model directory (default: the encoder `build "
                         "--finetune-epochs` left beside --qdrant-path, else all-MiniLM-L6-v2)")
     g.add_argument("--max-seq-length", type=int, default=0,
