@@ -15,7 +15,7 @@ import numpy as np
 
 from services.predictor.config import EmbedderConfig
 
-_MODELS: dict[tuple[str, int, bool], object] = {}
+_MODELS: dict[tuple[str, str, int, str], object] = {}
 _LOAD_LOCK = threading.Lock()
 
 
@@ -74,9 +74,10 @@ def resolve_precision(precision: str) -> str:
     return precision
 
 
-def _load(path: str, max_seq_length: int, precision: str):
-    # One encoder per process: loading takes seconds and the weights are read-only.
-    key = (path, max_seq_length, precision)
+def _load(path: str, enc_id: str, max_seq_length: int, precision: str):
+    # One encoder per process: loading takes seconds and the weights are read-only. The id is
+    # in the key because a new fine-tune may replace the encoder at the same path.
+    key = (path, enc_id, max_seq_length, precision)
     with _LOAD_LOCK:
         if key not in _MODELS:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -113,7 +114,7 @@ class Embedder:
 
             torch.set_num_threads(config.num_threads)
         self.precision = resolve_precision(config.precision)
-        self._model = _load(self.path, self.max_seq_length, self.precision)
+        self._model = _load(self.path, self.encoder_id, self.max_seq_length, self.precision)
 
     @property
     def encoder_dim(self) -> int:

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 
@@ -130,3 +131,16 @@ def test_predictor_serves_from_the_tuned_encoder(tuned_dir):
     assert [x.source.value for x in preds] == ["retrieval", "retrieval"]
     assert preds[0].length > 10 * preds[1].length, preds
     p.store.close()
+
+
+def test_a_new_fine_tune_in_the_same_directory_is_loaded_fresh(tmp_path):
+    long, short = two_kinds()
+    out = str(tmp_path / "encoder")
+    cfg = ProxyConfig(max_seq_length=16, epochs=1, batch_size=8, num_layers=2)
+    first = fine_tune_encoder(long + short, [600] * 16 + [3] * 16, out, cfg)
+    v1 = Embedder(EmbedderConfig(out, precision="fp32")).encode(long[:2])
+    second = fine_tune_encoder(long + short, [3] * 16 + [600] * 16, out,
+                               dataclasses.replace(cfg, seed=1))
+    emb = Embedder(EmbedderConfig(out, precision="fp32"))
+    assert emb.encoder_id == second != first
+    assert not np.allclose(emb.encode(long[:2]), v1)
