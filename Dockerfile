@@ -6,6 +6,7 @@ ENV PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 RUN pip install --no-cache-dir torch==2.13.0
 COPY pyproject.toml README.md ./
 COPY lenserve ./lenserve
+COPY lenserve_contract ./lenserve_contract
 COPY services ./services
 COPY protos ./protos
 RUN pip install --no-cache-dir .

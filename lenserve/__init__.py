@@ -4,8 +4,8 @@
 """
 from __future__ import annotations
 
-from lenserve.outputs import CompletionOutput, RequestOutput
-from lenserve.sampling_params import InvalidRequestError, SamplingParams
+from lenserve_contract.outputs import CompletionOutput, RequestOutput
+from lenserve_contract.sampling_params import InvalidRequestError, SamplingParams
 
 __all__ = [
     "LLM",

@@ -1,33 +1,4 @@
-"""Request results, shaped like vLLM's RequestOutput."""
-from __future__ import annotations
+"""Re-export of the contract's request outputs."""
+from lenserve_contract.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
-from dataclasses import dataclass, field
-
-
-@dataclass
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None   # "stop" | "length" | "abort" | "error" | None (running)
-    stop_reason: int | str | None = None
-
-
-@dataclass
-class RequestMetrics:
-    arrival_time: float
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    finished_time: float | None = None
-    token_times: list[float] = field(default_factory=list)
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool
-    metrics: RequestMetrics | None = None
-    error: str | None = None
+__all__ = ["CompletionOutput", "RequestMetrics", "RequestOutput"]

@@ -1,50 +1,6 @@
-"""Sampling parameters, with vLLM's names and defaults."""
-from __future__ import annotations
+"""Re-export of the contract's sampling parameters (``from lenserve.sampling_params import ...``
+keeps working for users)."""
+from lenserve_contract.errors import InvalidRequestError
+from lenserve_contract.sampling_params import SamplingParams
 
-from dataclasses import dataclass, field
-
-
-class InvalidRequestError(ValueError):
-    """A request the engine refuses; ``field`` names the offending argument."""
-
-    def __init__(self, message: str, field: str = "", code: str = "invalid_argument"):
-        super().__init__(message)
-        self.field = field
-        self.code = code
-
-
-@dataclass
-class SamplingParams:
-    temperature: float = 1.0
-    top_k: int = -1
-    top_p: float = 1.0
-    seed: int | None = None
-    max_tokens: int = 16
-    min_tokens: int = 0
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.verify()
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    def verify(self) -> None:
-        """Raise InvalidRequestError naming the first bad parameter."""
-        checks = [
-            (self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}"),
-            (self.top_k == -1 or self.top_k >= 0, "top_k", f"must be -1 (off) or >= 0, got {self.top_k}"),
-            (0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}"),
-            (self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}"),
-            (0 <= self.min_tokens <= self.max_tokens, "min_tokens",
-             f"must be in [0, max_tokens], got {self.min_tokens}"),
-            (all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty"),
-        ]
-        for ok, name, why in checks:
-            if not ok:
-                raise InvalidRequestError(f"invalid sampling parameter {name}: {why}", field=name)
+__all__ = ["InvalidRequestError", "SamplingParams"]

@@ -1,4 +1,4 @@
-"""Generate lenserve.proto (the one package of generated code) from protos/.
+"""Generate lenserve_contract.proto (the one package of generated code) from protos/.
 
     python scripts/gen_protos.py           # regenerate in place
     python scripts/gen_protos.py --check   # exit 1 if the committed code is stale
@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
-PKG = Path("lenserve") / "proto"
+PKG = Path("lenserve_contract") / "proto"
 
 
 def generate(out_root: Path) -> list[Path]:

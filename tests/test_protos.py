@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lenserve.proto import common_pb2, executor_pb2, predictor_pb2, scheduler_pb2
+from lenserve_contract.proto import common_pb2, executor_pb2, predictor_pb2, scheduler_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,7 @@ def test_generated_code_is_current():
 def test_generated_code_lives_in_one_package():
     generated = [p for p in ROOT.rglob("*_pb2.py") if ".git" not in p.parts]
     assert generated, "no generated code found"
-    assert {p.parent for p in generated} == {ROOT / "lenserve" / "proto"}
+    assert {p.parent for p in generated} == {ROOT / "lenserve_contract" / "proto"}
 
 
 def test_execute_request_round_trip():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from lenserve.sampling_params import SamplingParams
+from lenserve_contract.sampling_params import SamplingParams
 from services.executor.attention.registry import BACKEND_CHOICES, resolve_backend
 from services.executor.models.loader import LoadedModel, load_model
 from services.executor.runner import InProcessExecutor

@@ -12,7 +12,7 @@ import random
 import statistics
 import time
 
-from lenserve.sampling_params import SamplingParams
+from lenserve_contract.sampling_params import SamplingParams
 from services.executor.types import ExecutorOutput
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.request import Request

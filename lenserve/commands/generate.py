@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from lenserve.sampling_params import SamplingParams
+from lenserve_contract.sampling_params import SamplingParams
 from services.executor.attention.registry import BACKEND_CHOICES
 
 

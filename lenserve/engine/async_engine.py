@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
 from lenserve.engine.llm_engine import EngineConfig, LLMEngine
-from lenserve.outputs import RequestOutput
-from lenserve.sampling_params import SamplingParams
+from lenserve_contract.outputs import RequestOutput
+from lenserve_contract.sampling_params import SamplingParams
 
 
 class AsyncEngine:

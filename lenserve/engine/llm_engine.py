@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from lenserve.engine.detokenizer import IncrementalDetokenizer
 from lenserve.engine.profile import StepProfile
-from lenserve.outputs import CompletionOutput, RequestOutput
-from lenserve.sampling_params import InvalidRequestError, SamplingParams
+from lenserve_contract.outputs import CompletionOutput, RequestOutput
+from lenserve_contract.sampling_params import InvalidRequestError, SamplingParams
 from services.executor.interface import Executor
 from services.executor.types import ExecutorOutput
 from services.scheduler.config import SchedulerConfig

@@ -10,8 +10,8 @@ import itertools
 from collections.abc import Sequence
 
 from lenserve.engine.llm_engine import EngineConfig, LLMEngine
-from lenserve.outputs import RequestOutput
-from lenserve.sampling_params import InvalidRequestError, SamplingParams
+from lenserve_contract.outputs import RequestOutput
+from lenserve_contract.sampling_params import InvalidRequestError, SamplingParams
 from services.executor.interface import Executor
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from lenserve.sampling_params import InvalidRequestError
+from lenserve_contract.sampling_params import InvalidRequestError
 
 
 class KVCachePool:

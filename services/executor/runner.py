@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from lenserve.sampling_params import InvalidRequestError
+from lenserve_contract.sampling_params import InvalidRequestError
 from services.executor.attention.base import AttentionMetadata
 from services.executor.attention.registry import check_backend_name, get_backend
 from services.executor.interface import Executor

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lenserve.sampling_params import SamplingParams
+from lenserve_contract.sampling_params import SamplingParams
 
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio multiplier: spreads consecutive seeds apart
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lenserve.sampling_params import SamplingParams
+from lenserve_contract.sampling_params import SamplingParams
 
 
 @dataclass

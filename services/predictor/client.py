@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from lenserve.proto import predictor_pb2, predictor_pb2_grpc
+from lenserve_contract.proto import predictor_pb2, predictor_pb2_grpc
 from services.predictor import convert
 from services.predictor.types import Completion, ObserveResult, Prediction
 

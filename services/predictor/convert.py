@@ -1,7 +1,7 @@
 """Core dataclasses ⇄ protobuf messages; the only place that knows both."""
 from __future__ import annotations
 
-from lenserve.proto import common_pb2
+from lenserve_contract.proto import common_pb2
 from services.predictor.types import Completion, ObserveResult, Prediction, PredictionError, Source
 
 _SOURCE_TO_PB = {

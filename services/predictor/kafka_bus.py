@@ -1,6 +1,6 @@
 """The `completions` topic: the scheduler's producer helper and the predictor's consumer loop.
 
-Value = lenserve.proto.common_pb2.CompletionRecord serialized; key = the model name, so the
+Value = lenserve_contract.proto.common_pb2.CompletionRecord serialized; key = the model name, so the
 records of one model keep their order within a partition.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
-from lenserve.proto import common_pb2
+from lenserve_contract.proto import common_pb2
 from services.predictor import convert
 from services.predictor.types import Completion, ObserveResult
 

@@ -7,13 +7,13 @@ import logging
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from lenserve.proto import predictor_pb2, predictor_pb2_grpc
+from lenserve_contract.proto import predictor_pb2, predictor_pb2_grpc
 from services.predictor import convert
 from services.predictor.core import Predictor
 from services.predictor.types import PredictionError
 
 log = logging.getLogger(__name__)
-SERVICE_NAME = "lenserve.proto.PredictorService"
+SERVICE_NAME = "lenserve_contract.proto.PredictorService"
 # A batch bigger than this is a client bug; refuse it rather than stall every other caller.
 MAX_PROMPTS_PER_CALL = 4096
 

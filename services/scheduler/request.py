@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import enum
 
-from lenserve.outputs import RequestMetrics
-from lenserve.sampling_params import SamplingParams
+from lenserve_contract.outputs import RequestMetrics
+from lenserve_contract.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

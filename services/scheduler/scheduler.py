@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lenserve.sampling_params import InvalidRequestError
+from lenserve_contract.sampling_params import InvalidRequestError
 from services.executor.types import ExecutorInput, ExecutorOutput, ScheduledSequence
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.output import Budget, SchedulerOutput

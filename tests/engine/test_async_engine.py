@@ -4,7 +4,7 @@ import pytest
 from engine_helpers import make_engine, run_to_completion
 
 from lenserve.engine.async_engine import AsyncEngine
-from lenserve.sampling_params import InvalidRequestError, SamplingParams
+from lenserve_contract.sampling_params import InvalidRequestError, SamplingParams
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@ import pytest
 from engine_helpers import make_engine, run_to_completion
 
 from lenserve.engine.fake_executor import CharTokenizer
-from lenserve.sampling_params import InvalidRequestError, SamplingParams
+from lenserve_contract.sampling_params import InvalidRequestError, SamplingParams
 from services.scheduler.policies import POLICIES, register_policy  # noqa: F401
 
 PROMPTS = [f"prompt number {i}: " + "x" * (3 * i) for i in range(8)]

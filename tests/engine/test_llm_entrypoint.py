@@ -6,7 +6,7 @@ from lenserve import LLM, SamplingParams
 from lenserve.commands import bench_scheduler, generate
 from lenserve.engine.detokenizer import IncrementalDetokenizer
 from lenserve.engine.fake_executor import CharTokenizer
-from lenserve.sampling_params import InvalidRequestError
+from lenserve_contract.sampling_params import InvalidRequestError
 
 
 def test_llm_generate_keeps_prompt_order_and_accepts_token_ids():

@@ -5,7 +5,7 @@ import pytest
 from engine_helpers import make_engine, run_to_completion
 
 from lenserve.engine.profile import StepProfile
-from lenserve.sampling_params import SamplingParams
+from lenserve_contract.sampling_params import SamplingParams
 
 
 def test_profile_counts_every_step_and_parts_fit_inside():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from lenserve.sampling_params import SamplingParams
+from lenserve_contract.sampling_params import SamplingParams
 from services.executor.kv_cache import BlockAllocator
 from services.executor.types import ExecutorInput, ScheduledSequence
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from lenserve.sampling_params import InvalidRequestError
+from lenserve_contract.sampling_params import InvalidRequestError
 from services.executor.models.llama import LlamaForCausalLM
 from services.executor.models.loader import ModelNotFoundError, build_hf_model, load_model
 from services.executor.models.opt import OPTForCausalLM

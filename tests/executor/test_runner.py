@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lenserve.sampling_params import InvalidRequestError, SamplingParams
+from lenserve_contract.sampling_params import InvalidRequestError, SamplingParams
 from services.executor.runner import InProcessExecutor
 from services.executor.types import ExecutorInput, ScheduledSequence
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from lenserve.sampling_params import SamplingParams
+from lenserve_contract.sampling_params import SamplingParams
 from services.executor.sampler import Sampler, SampleRequest, top_k_filter, top_p_filter
 
 

@@ -2,7 +2,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from lenserve.proto import predictor_pb2, predictor_pb2_grpc
+from lenserve_contract.proto import predictor_pb2, predictor_pb2_grpc
 from services.predictor.client import AsyncPredictorClient, PredictorClient
 from services.predictor.servicer import (
     MAX_PROMPTS_PER_CALL,

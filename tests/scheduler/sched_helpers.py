@@ -1,7 +1,7 @@
 """Factories for scheduler tests: hand-built requests, a scheduler, and a synthetic executor."""
 from __future__ import annotations
 
-from lenserve.sampling_params import SamplingParams
+from lenserve_contract.sampling_params import SamplingParams
 from services.executor.types import ExecutorOutput
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.request import Request

@@ -3,7 +3,7 @@ import random
 import pytest
 from sched_helpers import add, make_request, make_scheduler, scheduled, step
 
-from lenserve.sampling_params import InvalidRequestError
+from lenserve_contract.sampling_params import InvalidRequestError
 from services.scheduler.policies import POLICIES
 from services.scheduler.policies.vllm import VllmPolicy
 from services.scheduler.request import FinishReason, RequestStatus

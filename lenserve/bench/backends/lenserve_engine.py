@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from lenserve.bench.backends.base import Backend, BackendOptions, failed_record
 from lenserve.bench.metrics import RequestRecord
-from lenserve.outputs import RequestOutput
-from lenserve.sampling_params import SamplingParams
+from lenserve_contract.outputs import RequestOutput
+from lenserve_contract.sampling_params import SamplingParams
 from lenserve.workloads.types import BenchRequest
 
 

@@ -10,7 +10,7 @@ import importlib
 import importlib.util
 import logging
 
-from lenserve.sampling_params import InvalidRequestError
+from lenserve_contract.sampling_params import InvalidRequestError
 from services.executor.attention.base import AttentionBackend
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
-from lenserve.sampling_params import InvalidRequestError
+from lenserve_contract.sampling_params import InvalidRequestError
 from services.executor.models.llama import LlamaForCausalLM
 from services.executor.models.opt import OPTForCausalLM
 from services.executor.models.presets import PRESETS, list_presets

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from lenserve.proto import executor_pb2 as lenserve_dot_proto_dot_executor__pb2
+from lenserve_contract.proto import executor_pb2 as lenserve__contract_dot_proto_dot_executor__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in lenserve/proto/executor_pb2_grpc.py depends on'
+        + ' but the generated code in lenserve_contract/proto/executor_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,23 +36,23 @@ class ExecutorServiceStub:
         """
         self.Execute = channel.unary_unary(
                 '/lenserve.proto.ExecutorService/Execute',
-                request_serializer=lenserve_dot_proto_dot_executor__pb2.ExecuteRequest.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_executor__pb2.ExecuteResponse.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_executor__pb2.ExecuteRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_executor__pb2.ExecuteResponse.FromString,
                 _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/lenserve.proto.ExecutorService/GetModelInfo',
-                request_serializer=lenserve_dot_proto_dot_executor__pb2.ModelInfoRequest.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_executor__pb2.ModelInfo.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_executor__pb2.ModelInfoRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_executor__pb2.ModelInfo.FromString,
                 _registered_method=True)
         self.ExportBlocks = channel.unary_unary(
                 '/lenserve.proto.ExecutorService/ExportBlocks',
-                request_serializer=lenserve_dot_proto_dot_executor__pb2.BlockDataRequest.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_executor__pb2.BlockDataResponse.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_executor__pb2.BlockDataRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_executor__pb2.BlockDataResponse.FromString,
                 _registered_method=True)
         self.ImportBlocks = channel.unary_unary(
                 '/lenserve.proto.ExecutorService/ImportBlocks',
-                request_serializer=lenserve_dot_proto_dot_executor__pb2.BlockDataRequest.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_executor__pb2.BlockDataResponse.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_executor__pb2.BlockDataRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_executor__pb2.BlockDataResponse.FromString,
                 _registered_method=True)
 
 
@@ -88,23 +88,23 @@ def add_ExecutorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Execute': grpc.unary_unary_rpc_method_handler(
                     servicer.Execute,
-                    request_deserializer=lenserve_dot_proto_dot_executor__pb2.ExecuteRequest.FromString,
-                    response_serializer=lenserve_dot_proto_dot_executor__pb2.ExecuteResponse.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_executor__pb2.ExecuteRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_executor__pb2.ExecuteResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
-                    request_deserializer=lenserve_dot_proto_dot_executor__pb2.ModelInfoRequest.FromString,
-                    response_serializer=lenserve_dot_proto_dot_executor__pb2.ModelInfo.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_executor__pb2.ModelInfoRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_executor__pb2.ModelInfo.SerializeToString,
             ),
             'ExportBlocks': grpc.unary_unary_rpc_method_handler(
                     servicer.ExportBlocks,
-                    request_deserializer=lenserve_dot_proto_dot_executor__pb2.BlockDataRequest.FromString,
-                    response_serializer=lenserve_dot_proto_dot_executor__pb2.BlockDataResponse.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_executor__pb2.BlockDataRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_executor__pb2.BlockDataResponse.SerializeToString,
             ),
             'ImportBlocks': grpc.unary_unary_rpc_method_handler(
                     servicer.ImportBlocks,
-                    request_deserializer=lenserve_dot_proto_dot_executor__pb2.BlockDataRequest.FromString,
-                    response_serializer=lenserve_dot_proto_dot_executor__pb2.BlockDataResponse.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_executor__pb2.BlockDataRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_executor__pb2.BlockDataResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,8 +132,8 @@ class ExecutorService:
             request,
             target,
             '/lenserve.proto.ExecutorService/Execute',
-            lenserve_dot_proto_dot_executor__pb2.ExecuteRequest.SerializeToString,
-            lenserve_dot_proto_dot_executor__pb2.ExecuteResponse.FromString,
+            lenserve__contract_dot_proto_dot_executor__pb2.ExecuteRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_executor__pb2.ExecuteResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -159,8 +159,8 @@ class ExecutorService:
             request,
             target,
             '/lenserve.proto.ExecutorService/GetModelInfo',
-            lenserve_dot_proto_dot_executor__pb2.ModelInfoRequest.SerializeToString,
-            lenserve_dot_proto_dot_executor__pb2.ModelInfo.FromString,
+            lenserve__contract_dot_proto_dot_executor__pb2.ModelInfoRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_executor__pb2.ModelInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -186,8 +186,8 @@ class ExecutorService:
             request,
             target,
             '/lenserve.proto.ExecutorService/ExportBlocks',
-            lenserve_dot_proto_dot_executor__pb2.BlockDataRequest.SerializeToString,
-            lenserve_dot_proto_dot_executor__pb2.BlockDataResponse.FromString,
+            lenserve__contract_dot_proto_dot_executor__pb2.BlockDataRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_executor__pb2.BlockDataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -213,8 +213,8 @@ class ExecutorService:
             request,
             target,
             '/lenserve.proto.ExecutorService/ImportBlocks',
-            lenserve_dot_proto_dot_executor__pb2.BlockDataRequest.SerializeToString,
-            lenserve_dot_proto_dot_executor__pb2.BlockDataResponse.FromString,
+            lenserve__contract_dot_proto_dot_executor__pb2.BlockDataRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_executor__pb2.BlockDataResponse.FromString,
             options,
             channel_credentials,
             insecure,

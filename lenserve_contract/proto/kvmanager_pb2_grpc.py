@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from lenserve.proto import kvmanager_pb2 as lenserve_dot_proto_dot_kvmanager__pb2
+from lenserve_contract.proto import kvmanager_pb2 as lenserve__contract_dot_proto_dot_kvmanager__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in lenserve/proto/kvmanager_pb2_grpc.py depends on'
+        + ' but the generated code in lenserve_contract/proto/kvmanager_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,33 +36,33 @@ class KVManagerServiceStub:
         """
         self.Allocate = channel.unary_unary(
                 '/lenserve.proto.KVManagerService/Allocate',
-                request_serializer=lenserve_dot_proto_dot_kvmanager__pb2.AllocateRequest.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_kvmanager__pb2.AllocateResponse.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.AllocateRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.AllocateResponse.FromString,
                 _registered_method=True)
         self.Free = channel.unary_unary(
                 '/lenserve.proto.KVManagerService/Free',
-                request_serializer=lenserve_dot_proto_dot_kvmanager__pb2.FreeRequest.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_kvmanager__pb2.FreeResponse.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeResponse.FromString,
                 _registered_method=True)
         self.PlanSwaps = channel.unary_unary(
                 '/lenserve.proto.KVManagerService/PlanSwaps',
-                request_serializer=lenserve_dot_proto_dot_kvmanager__pb2.SwapPlanRequest.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_kvmanager__pb2.SwapPlan.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapPlanRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapPlan.FromString,
                 _registered_method=True)
         self.SwapOut = channel.unary_unary(
                 '/lenserve.proto.KVManagerService/SwapOut',
-                request_serializer=lenserve_dot_proto_dot_kvmanager__pb2.SwapRequest.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_kvmanager__pb2.SwapResponse.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResponse.FromString,
                 _registered_method=True)
         self.SwapIn = channel.unary_unary(
                 '/lenserve.proto.KVManagerService/SwapIn',
-                request_serializer=lenserve_dot_proto_dot_kvmanager__pb2.SwapRequest.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_kvmanager__pb2.SwapResponse.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResponse.FromString,
                 _registered_method=True)
         self.GetStats = channel.unary_unary(
                 '/lenserve.proto.KVManagerService/GetStats',
-                request_serializer=lenserve_dot_proto_dot_kvmanager__pb2.KVStatsRequest.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_kvmanager__pb2.KVStats.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.KVStatsRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.KVStats.FromString,
                 _registered_method=True)
 
 
@@ -110,33 +110,33 @@ def add_KVManagerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Allocate': grpc.unary_unary_rpc_method_handler(
                     servicer.Allocate,
-                    request_deserializer=lenserve_dot_proto_dot_kvmanager__pb2.AllocateRequest.FromString,
-                    response_serializer=lenserve_dot_proto_dot_kvmanager__pb2.AllocateResponse.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.AllocateRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.AllocateResponse.SerializeToString,
             ),
             'Free': grpc.unary_unary_rpc_method_handler(
                     servicer.Free,
-                    request_deserializer=lenserve_dot_proto_dot_kvmanager__pb2.FreeRequest.FromString,
-                    response_serializer=lenserve_dot_proto_dot_kvmanager__pb2.FreeResponse.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeResponse.SerializeToString,
             ),
             'PlanSwaps': grpc.unary_unary_rpc_method_handler(
                     servicer.PlanSwaps,
-                    request_deserializer=lenserve_dot_proto_dot_kvmanager__pb2.SwapPlanRequest.FromString,
-                    response_serializer=lenserve_dot_proto_dot_kvmanager__pb2.SwapPlan.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapPlanRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapPlan.SerializeToString,
             ),
             'SwapOut': grpc.unary_unary_rpc_method_handler(
                     servicer.SwapOut,
-                    request_deserializer=lenserve_dot_proto_dot_kvmanager__pb2.SwapRequest.FromString,
-                    response_serializer=lenserve_dot_proto_dot_kvmanager__pb2.SwapResponse.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResponse.SerializeToString,
             ),
             'SwapIn': grpc.unary_unary_rpc_method_handler(
                     servicer.SwapIn,
-                    request_deserializer=lenserve_dot_proto_dot_kvmanager__pb2.SwapRequest.FromString,
-                    response_serializer=lenserve_dot_proto_dot_kvmanager__pb2.SwapResponse.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResponse.SerializeToString,
             ),
             'GetStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStats,
-                    request_deserializer=lenserve_dot_proto_dot_kvmanager__pb2.KVStatsRequest.FromString,
-                    response_serializer=lenserve_dot_proto_dot_kvmanager__pb2.KVStats.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.KVStatsRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.KVStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -164,8 +164,8 @@ class KVManagerService:
             request,
             target,
             '/lenserve.proto.KVManagerService/Allocate',
-            lenserve_dot_proto_dot_kvmanager__pb2.AllocateRequest.SerializeToString,
-            lenserve_dot_proto_dot_kvmanager__pb2.AllocateResponse.FromString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.AllocateRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.AllocateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -191,8 +191,8 @@ class KVManagerService:
             request,
             target,
             '/lenserve.proto.KVManagerService/Free',
-            lenserve_dot_proto_dot_kvmanager__pb2.FreeRequest.SerializeToString,
-            lenserve_dot_proto_dot_kvmanager__pb2.FreeResponse.FromString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -218,8 +218,8 @@ class KVManagerService:
             request,
             target,
             '/lenserve.proto.KVManagerService/PlanSwaps',
-            lenserve_dot_proto_dot_kvmanager__pb2.SwapPlanRequest.SerializeToString,
-            lenserve_dot_proto_dot_kvmanager__pb2.SwapPlan.FromString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapPlanRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapPlan.FromString,
             options,
             channel_credentials,
             insecure,
@@ -245,8 +245,8 @@ class KVManagerService:
             request,
             target,
             '/lenserve.proto.KVManagerService/SwapOut',
-            lenserve_dot_proto_dot_kvmanager__pb2.SwapRequest.SerializeToString,
-            lenserve_dot_proto_dot_kvmanager__pb2.SwapResponse.FromString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -272,8 +272,8 @@ class KVManagerService:
             request,
             target,
             '/lenserve.proto.KVManagerService/SwapIn',
-            lenserve_dot_proto_dot_kvmanager__pb2.SwapRequest.SerializeToString,
-            lenserve_dot_proto_dot_kvmanager__pb2.SwapResponse.FromString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -299,8 +299,8 @@ class KVManagerService:
             request,
             target,
             '/lenserve.proto.KVManagerService/GetStats',
-            lenserve_dot_proto_dot_kvmanager__pb2.KVStatsRequest.SerializeToString,
-            lenserve_dot_proto_dot_kvmanager__pb2.KVStats.FromString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.KVStatsRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.KVStats.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
-from lenserve.proto import common_pb2 as lenserve_dot_proto_dot_common__pb2
-from lenserve.proto import scheduler_pb2 as lenserve_dot_proto_dot_scheduler__pb2
+from lenserve_contract.proto import common_pb2 as lenserve__contract_dot_proto_dot_common__pb2
+from lenserve_contract.proto import scheduler_pb2 as lenserve__contract_dot_proto_dot_scheduler__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -19,7 +19,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in lenserve/proto/scheduler_pb2_grpc.py depends on'
+        + ' but the generated code in lenserve_contract/proto/scheduler_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,18 +37,18 @@ class SchedulerServiceStub:
         """
         self.Generate = channel.unary_stream(
                 '/lenserve.proto.SchedulerService/Generate',
-                request_serializer=lenserve_dot_proto_dot_common__pb2.Request.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_common__pb2.TokenChunk.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_common__pb2.Request.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_common__pb2.TokenChunk.FromString,
                 _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/lenserve.proto.SchedulerService/Abort',
-                request_serializer=lenserve_dot_proto_dot_scheduler__pb2.AbortRequest.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_scheduler__pb2.AbortResponse.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.AbortRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.AbortResponse.FromString,
                 _registered_method=True)
         self.GetStats = channel.unary_unary(
                 '/lenserve.proto.SchedulerService/GetStats',
-                request_serializer=lenserve_dot_proto_dot_scheduler__pb2.StatsRequest.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_scheduler__pb2.SchedulerStats.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.StatsRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.SchedulerStats.FromString,
                 _registered_method=True)
 
 
@@ -78,18 +78,18 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=lenserve_dot_proto_dot_common__pb2.Request.FromString,
-                    response_serializer=lenserve_dot_proto_dot_common__pb2.TokenChunk.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_common__pb2.Request.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_common__pb2.TokenChunk.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
-                    request_deserializer=lenserve_dot_proto_dot_scheduler__pb2.AbortRequest.FromString,
-                    response_serializer=lenserve_dot_proto_dot_scheduler__pb2.AbortResponse.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.AbortRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.AbortResponse.SerializeToString,
             ),
             'GetStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStats,
-                    request_deserializer=lenserve_dot_proto_dot_scheduler__pb2.StatsRequest.FromString,
-                    response_serializer=lenserve_dot_proto_dot_scheduler__pb2.SchedulerStats.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.StatsRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.SchedulerStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -117,8 +117,8 @@ class SchedulerService:
             request,
             target,
             '/lenserve.proto.SchedulerService/Generate',
-            lenserve_dot_proto_dot_common__pb2.Request.SerializeToString,
-            lenserve_dot_proto_dot_common__pb2.TokenChunk.FromString,
+            lenserve__contract_dot_proto_dot_common__pb2.Request.SerializeToString,
+            lenserve__contract_dot_proto_dot_common__pb2.TokenChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -144,8 +144,8 @@ class SchedulerService:
             request,
             target,
             '/lenserve.proto.SchedulerService/Abort',
-            lenserve_dot_proto_dot_scheduler__pb2.AbortRequest.SerializeToString,
-            lenserve_dot_proto_dot_scheduler__pb2.AbortResponse.FromString,
+            lenserve__contract_dot_proto_dot_scheduler__pb2.AbortRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_scheduler__pb2.AbortResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -171,8 +171,8 @@ class SchedulerService:
             request,
             target,
             '/lenserve.proto.SchedulerService/GetStats',
-            lenserve_dot_proto_dot_scheduler__pb2.StatsRequest.SerializeToString,
-            lenserve_dot_proto_dot_scheduler__pb2.SchedulerStats.FromString,
+            lenserve__contract_dot_proto_dot_scheduler__pb2.StatsRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_scheduler__pb2.SchedulerStats.FromString,
             options,
             channel_credentials,
             insecure,

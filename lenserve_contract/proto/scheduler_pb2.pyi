@@ -1,4 +1,4 @@
-from lenserve.proto import common_pb2 as _common_pb2
+from lenserve_contract.proto import common_pb2 as _common_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Optional as _Optional

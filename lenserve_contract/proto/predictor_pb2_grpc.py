@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from lenserve.proto import predictor_pb2 as lenserve_dot_proto_dot_predictor__pb2
+from lenserve_contract.proto import predictor_pb2 as lenserve__contract_dot_proto_dot_predictor__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in lenserve/proto/predictor_pb2_grpc.py depends on'
+        + ' but the generated code in lenserve_contract/proto/predictor_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,13 +36,13 @@ class PredictorServiceStub:
         """
         self.Predict = channel.unary_unary(
                 '/lenserve.proto.PredictorService/Predict',
-                request_serializer=lenserve_dot_proto_dot_predictor__pb2.PredictRequest.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_predictor__pb2.PredictResponse.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_predictor__pb2.PredictRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_predictor__pb2.PredictResponse.FromString,
                 _registered_method=True)
         self.Observe = channel.unary_unary(
                 '/lenserve.proto.PredictorService/Observe',
-                request_serializer=lenserve_dot_proto_dot_predictor__pb2.ObserveRequest.SerializeToString,
-                response_deserializer=lenserve_dot_proto_dot_predictor__pb2.ObserveResponse.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_predictor__pb2.ObserveRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_predictor__pb2.ObserveResponse.FromString,
                 _registered_method=True)
 
 
@@ -66,13 +66,13 @@ def add_PredictorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Predict': grpc.unary_unary_rpc_method_handler(
                     servicer.Predict,
-                    request_deserializer=lenserve_dot_proto_dot_predictor__pb2.PredictRequest.FromString,
-                    response_serializer=lenserve_dot_proto_dot_predictor__pb2.PredictResponse.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_predictor__pb2.PredictRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_predictor__pb2.PredictResponse.SerializeToString,
             ),
             'Observe': grpc.unary_unary_rpc_method_handler(
                     servicer.Observe,
-                    request_deserializer=lenserve_dot_proto_dot_predictor__pb2.ObserveRequest.FromString,
-                    response_serializer=lenserve_dot_proto_dot_predictor__pb2.ObserveResponse.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_predictor__pb2.ObserveRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_predictor__pb2.ObserveResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -100,8 +100,8 @@ class PredictorService:
             request,
             target,
             '/lenserve.proto.PredictorService/Predict',
-            lenserve_dot_proto_dot_predictor__pb2.PredictRequest.SerializeToString,
-            lenserve_dot_proto_dot_predictor__pb2.PredictResponse.FromString,
+            lenserve__contract_dot_proto_dot_predictor__pb2.PredictRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_predictor__pb2.PredictResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -127,8 +127,8 @@ class PredictorService:
             request,
             target,
             '/lenserve.proto.PredictorService/Observe',
-            lenserve_dot_proto_dot_predictor__pb2.ObserveRequest.SerializeToString,
-            lenserve_dot_proto_dot_predictor__pb2.ObserveResponse.FromString,
+            lenserve__contract_dot_proto_dot_predictor__pb2.ObserveRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_predictor__pb2.ObserveResponse.FromString,
             options,
             channel_credentials,
             insecure,

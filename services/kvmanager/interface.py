@@ -1,0 +1,92 @@
+"""The KV manager interface. The in-process core and (later) the gRPC client implement it.
+
+The scheduler decides *which* requests swap; the KV manager owns *where* their blocks live on
+the host and moves the bytes. A swap is asynchronous: ``swap_out``/``swap_in`` start the copy
+and return a handle at once, so the copy overlaps the iteration that runs meanwhile. The
+serving core waits on a swap-in's handle before the iteration that reads those blocks, and on a
+swap-out's handle before the device blocks it read are handed to anyone else.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+class HostPoolFullError(RuntimeError):
+    """The host pool cannot take a request's blocks. Nothing was reserved or copied; the
+    caller keeps the KV on the device or drops it (recompute) instead."""
+
+    def __init__(self, request_id: str, num_blocks: int, num_free: int):
+        super().__init__(f"host KV pool full: request {request_id!r} needs {num_blocks} host "
+                         f"blocks, {num_free} free")
+        self.request_id, self.num_blocks, self.num_free = request_id, num_blocks, num_free
+
+
+class SwapHandle(ABC):
+    """Completion handle of one asynchronous copy."""
+
+    @abstractmethod
+    def done(self) -> bool:
+        """True once the copy has finished (successfully or not)."""
+
+    @abstractmethod
+    def wait(self) -> None:
+        """Block until the copy has finished; re-raise its error if it failed."""
+
+
+@dataclass(frozen=True)
+class KVStats:
+    num_host_blocks: int
+    num_free_host_blocks: int
+    host_bytes_used: int
+    int8: bool
+    num_swapped_requests: int
+    bytes_swapped_out: int      # cumulative device -> host bytes (before compression)
+    bytes_swapped_in: int       # cumulative host -> device bytes (after decompression)
+
+
+class KVManager(ABC):
+    """Host KV pool of a fixed number of blocks, block-granular, owned per request."""
+
+    @property
+    @abstractmethod
+    def num_host_blocks(self) -> int: ...
+
+    @abstractmethod
+    def num_free_host_blocks(self) -> int: ...
+
+    def can_hold(self, num_blocks: int) -> bool:
+        return num_blocks <= self.num_free_host_blocks()
+
+    @abstractmethod
+    def holds(self, request_id: str) -> bool:
+        """Whether the request has KV in the host pool (swapped out, not yet swapped in)."""
+
+    @abstractmethod
+    def swap_out(self, request_id: str, device_blocks: list[int]) -> SwapHandle:
+        """Reserve host blocks for the request and start copying ``device_blocks`` (in
+        position order) to them, compressing to INT8 when enabled. Raises HostPoolFullError
+        (nothing reserved) when the pool cannot take them."""
+
+    @abstractmethod
+    def swap_in(self, request_id: str, device_blocks: list[int]) -> SwapHandle:
+        """Start copying the request's host blocks back into ``device_blocks`` (same count and
+        order as swapped out); the host blocks are freed once the copy is done."""
+
+    @abstractmethod
+    def free(self, request_id: str) -> None:
+        """Drop the request's host copy (finished or aborted while swapped). No-op if none."""
+
+    @abstractmethod
+    def wait_all(self) -> None:
+        """Block until every started copy has finished."""
+
+    @abstractmethod
+    def stats(self) -> KVStats: ...
+
+    @abstractmethod
+    def check_integrity(self) -> None:
+        """Every host block is free or owned by exactly one request. AssertionError if not."""
+
+    def close(self) -> None:
+        """Finish outstanding copies and release host memory."""
