@@ -89,7 +89,7 @@ def load_tokenizer(args: argparse.Namespace):
         return AutoTokenizer.from_pretrained(args.tokenizer)
     from lenserve.engine.llm_engine import FAKE_MODEL
     if args.model == FAKE_MODEL:
-        from lenserve.engine.fake_executor import CharTokenizer
+        from services.executor.fake import CharTokenizer
         return CharTokenizer()
     from services.executor.models.loader import preset_tokenizer, resolve
     _, checkpoint = resolve(args.model)

@@ -31,6 +31,7 @@ class PredictionSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PREDICTION_SOURCE_RETRIEVAL: _ClassVar[PredictionSource]
     PREDICTION_SOURCE_MLP: _ClassVar[PredictionSource]
     PREDICTION_SOURCE_DEFAULT: _ClassVar[PredictionSource]
+    PREDICTION_SOURCE_ORACLE: _ClassVar[PredictionSource]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -47,6 +48,7 @@ PREDICTION_SOURCE_UNSPECIFIED: PredictionSource
 PREDICTION_SOURCE_RETRIEVAL: PredictionSource
 PREDICTION_SOURCE_MLP: PredictionSource
 PREDICTION_SOURCE_DEFAULT: PredictionSource
+PREDICTION_SOURCE_ORACLE: PredictionSource
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "min_tokens")

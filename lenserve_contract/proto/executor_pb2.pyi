@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScheduledSequence(_message.Message):
-    __slots__ = ("request_id", "token_ids", "num_computed_tokens", "block_table", "sample", "sampling_params", "num_output_tokens")
+    __slots__ = ("request_id", "token_ids", "num_computed_tokens", "block_table", "sample", "sampling_params", "num_output_tokens", "block_table_is_delta")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class ScheduledSequence(_message.Message):
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     NUM_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TABLE_IS_DELTA_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_computed_tokens: int
@@ -23,7 +24,14 @@ class ScheduledSequence(_message.Message):
     sample: bool
     sampling_params: _common_pb2.SamplingParams
     num_output_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., num_output_tokens: _Optional[int] = ...) -> None: ...
+    block_table_is_delta: bool
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., num_output_tokens: _Optional[int] = ..., block_table_is_delta: _Optional[bool] = ...) -> None: ...
+
+class Wave(_message.Message):
+    __slots__ = ("sequence_indices",)
+    SEQUENCE_INDICES_FIELD_NUMBER: _ClassVar[int]
+    sequence_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sequence_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BlockMove(_message.Message):
     __slots__ = ("src", "dst")
@@ -34,20 +42,24 @@ class BlockMove(_message.Message):
     def __init__(self, src: _Optional[int] = ..., dst: _Optional[int] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("iteration", "sequences", "copy_blocks", "swap_in", "swap_out", "swap_shm_name")
+    __slots__ = ("iteration", "sequences", "copy_blocks", "swap_in", "swap_out", "swap_shm_name", "finished_request_ids", "waves")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     COPY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     SWAP_IN_FIELD_NUMBER: _ClassVar[int]
     SWAP_OUT_FIELD_NUMBER: _ClassVar[int]
     SWAP_SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    WAVES_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     sequences: _containers.RepeatedCompositeFieldContainer[ScheduledSequence]
     copy_blocks: _containers.RepeatedCompositeFieldContainer[BlockMove]
     swap_in: _containers.RepeatedCompositeFieldContainer[BlockMove]
     swap_out: _containers.RepeatedCompositeFieldContainer[BlockMove]
     swap_shm_name: str
-    def __init__(self, iteration: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[ScheduledSequence, _Mapping]]] = ..., copy_blocks: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_shm_name: _Optional[str] = ...) -> None: ...
+    finished_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    waves: _containers.RepeatedCompositeFieldContainer[Wave]
+    def __init__(self, iteration: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[ScheduledSequence, _Mapping]]] = ..., copy_blocks: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_out: _Optional[_Iterable[_Union[BlockMove, _Mapping]]] = ..., swap_shm_name: _Optional[str] = ..., finished_request_ids: _Optional[_Iterable[str]] = ..., waves: _Optional[_Iterable[_Union[Wave, _Mapping]]] = ...) -> None: ...
 
 class SampledToken(_message.Message):
     __slots__ = ("request_id", "token_id", "logprob")
@@ -60,16 +72,20 @@ class SampledToken(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class IterationTimings(_message.Message):
-    __slots__ = ("forward_s", "attention_s", "sample_s", "total_s")
+    __slots__ = ("forward_s", "attention_s", "sample_s", "total_s", "swap_s", "wave_attention_s")
     FORWARD_S_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_S_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_S_FIELD_NUMBER: _ClassVar[int]
     TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    SWAP_S_FIELD_NUMBER: _ClassVar[int]
+    WAVE_ATTENTION_S_FIELD_NUMBER: _ClassVar[int]
     forward_s: float
     attention_s: float
     sample_s: float
     total_s: float
-    def __init__(self, forward_s: _Optional[float] = ..., attention_s: _Optional[float] = ..., sample_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
+    swap_s: float
+    wave_attention_s: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, forward_s: _Optional[float] = ..., attention_s: _Optional[float] = ..., sample_s: _Optional[float] = ..., total_s: _Optional[float] = ..., swap_s: _Optional[float] = ..., wave_attention_s: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
     __slots__ = ("iteration", "sampled", "timings", "error")

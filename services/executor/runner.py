@@ -12,6 +12,7 @@ import torch
 from lenserve_contract.sampling_params import InvalidRequestError
 from services.executor.attention.base import AttentionMetadata
 from services.executor.attention.registry import check_backend_name, get_backend
+from services.executor.block_tables import BlockTables
 from services.executor.interface import Executor
 from services.executor.kv_cache import KVCachePool
 from services.executor.models.layers import AttentionContext
@@ -48,6 +49,8 @@ class InProcessExecutor(Executor):
         self.kv = KVCachePool(net.num_layers, num_blocks, block_size, net.num_kv_heads,
                               net.head_dim, self.loaded.dtype, str(self.device))
         self.sampler = Sampler(seed)
+        self.block_tables = BlockTables()
+        self.swap_buffers: dict[str, torch.Tensor] = {}   # name -> host buffer, per slot
 
     def _context_limit(self, requested: int | None) -> int:
         limit = self.loaded.max_model_len
@@ -83,34 +86,38 @@ class InProcessExecutor(Executor):
             eos_token_id=loaded.eos_token_id, dtype=str(loaded.dtype).removeprefix("torch."),
             attention_backend=self.backend.name)
 
-    def execute(self, batch: ExecutorInput, *,
-                waves: list[list[int]] | None = None) -> ExecutorOutput:
-        """``waves`` (indices into ``batch.sequences``) runs attention group by group."""
+    def execute(self, batch: ExecutorInput) -> ExecutorOutput:
         start = time.perf_counter()
-        logits, ctx, forward_s = self.forward_logits(batch, waves=waves)
+        logits, ctx, forward_s, swap_s = self.forward_logits(batch)
         sample_start = time.perf_counter()
         sampling = [s for s in batch.sequences if s.sample]
         reqs = [SampleRequest(s.sampling_params, s.num_output_tokens) for s in sampling]
         tokens, logprobs = self.sampler.sample(logits, reqs) if reqs else ([], [])
         end = time.perf_counter()
         ids = [s.request_id for s in sampling]
-        timings = IterationTimings(forward_s=forward_s, attention_s=ctx.attention_s if ctx else 0.0,
-                                   sample_s=end - sample_start, total_s=end - start)
+        timings = IterationTimings(
+            forward_s=forward_s, attention_s=ctx.attention_s if ctx else 0.0,
+            sample_s=end - sample_start, total_s=end - start, swap_s=swap_s,
+            wave_attention_s=list(ctx.wave_attention_s) if ctx else [])
         return ExecutorOutput(batch.iteration, dict(zip(ids, tokens)), dict(zip(ids, logprobs)),
                               timings)
 
-    def forward_logits(self, batch: ExecutorInput, *, waves: list[list[int]] | None = None
-                       ) -> tuple[torch.Tensor, AttentionContext | None, float]:
-        """Validate, apply block copies, run the model; logits of the sampling sequences."""
+    def forward_logits(self, batch: ExecutorInput
+                       ) -> tuple[torch.Tensor, AttentionContext | None, float, float]:
+        """Validate, move blocks, run the model; logits of the sampling sequences, the
+        attention context, forward seconds and swap seconds."""
         seqs = batch.sequences
-        self._validate(batch)
+        tables = self.block_tables.resolve(batch)
+        self._validate(batch, tables)
+        self.block_tables.commit(batch, tables)
+        swap_s = self._swap(batch)
         if not seqs:
             self.kv.copy_blocks(batch.copy_blocks)
-            return torch.empty(0, self.net.vocab_size), None, 0.0
-        input_ids, positions, slots, meta, sample_rows = _prepare(seqs, self.block_size)
+            return torch.empty(0, self.net.vocab_size), None, 0.0, swap_s
+        input_ids, positions, slots, meta, sample_rows = _prepare(seqs, tables, self.block_size)
         dev = self.device
-        ctx = AttentionContext(_meta_on(meta, dev), slots.to(dev), self.kv, self.backend, waves,
-                               time_attention=dev.type == "cpu")
+        ctx = AttentionContext(_meta_on(meta, dev), slots.to(dev), self.kv, self.backend,
+                               batch.waves, time_attention=dev.type == "cpu")
         self.kv.copy_blocks(batch.copy_blocks)
         start = time.perf_counter()
         with torch.inference_mode():
@@ -118,19 +125,42 @@ class InProcessExecutor(Executor):
             logits = self.net.compute_logits(hidden[sample_rows.to(dev)])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return logits, ctx, time.perf_counter() - start
+        return logits, ctx, time.perf_counter() - start, swap_s
 
-    def _validate(self, batch: ExecutorInput) -> None:
+    def attach_swap_buffer(self, name: str, buffer: torch.Tensor) -> None:
+        """Register a host buffer ``[slots, num_layers, 2, block_size, Hkv, D]`` that
+        ``swap_out``/``swap_in`` moves of an ExecutorInput naming it copy through."""
+        self.swap_buffers[name] = buffer
+
+    def _swap(self, batch: ExecutorInput) -> float:
+        if not (batch.swap_out or batch.swap_in):
+            return 0.0
+        start = time.perf_counter()
+        buf = self.swap_buffers.get(batch.swap_buffer)
+        if buf is None:
+            raise InvalidRequestError(f"unknown swap buffer {batch.swap_buffer!r}",
+                                      field="swap_shm_name")
+        if batch.swap_out:
+            dev, slots = zip(*batch.swap_out)
+            buf[list(slots)] = self.kv.export_blocks(list(dev)).permute(2, 0, 1, 3, 4, 5).to(buf)
+        if batch.swap_in:
+            slots, dev = zip(*batch.swap_in)
+            self.kv.import_blocks(list(dev), buf[list(slots)].permute(1, 2, 0, 3, 4, 5))
+        return time.perf_counter() - start
+
+    def _validate(self, batch: ExecutorInput, tables: list[list[int]]) -> None:
         seen: set[str] = set()
-        for seq in batch.sequences:
+        for seq, table in zip(batch.sequences, tables):
             if seq.request_id in seen:
                 raise InvalidRequestError(f"request {seq.request_id!r} appears twice in one "
                                           "iteration", field="request_id")
             seen.add(seq.request_id)
-            self._validate_sequence(seq)
+            self._validate_sequence(seq, table)
         self.kv.check_block_ids([b for pair in batch.copy_blocks for b in pair], "copy_blocks")
+        moved = [d for d, _ in batch.swap_out] + [d for _, d in batch.swap_in]
+        self.kv.check_block_ids(moved, "swap")
 
-    def _validate_sequence(self, seq: ScheduledSequence) -> None:
+    def _validate_sequence(self, seq: ScheduledSequence, table: list[int]) -> None:
         rid = seq.request_id
         if not seq.token_ids or seq.num_computed_tokens < 0:
             raise InvalidRequestError(f"request {rid!r} feeds no tokens or has a negative "
@@ -140,11 +170,11 @@ class InProcessExecutor(Executor):
                 f"request {rid!r} reaches position {seq.context_len - 1}, past max_model_len "
                 f"{self.max_model_len}", field="max_model_len")
         need = -(-seq.context_len // self.block_size)
-        if len(seq.block_table) < need:
+        if len(table) < need:
             raise InvalidRequestError(f"request {rid!r} needs {need} KV blocks for "
                                       f"{seq.context_len} tokens, its block table has "
-                                      f"{len(seq.block_table)}", field="block_table")
-        self.kv.check_block_ids(seq.block_table, "block_table")
+                                      f"{len(table)}", field="block_table")
+        self.kv.check_block_ids(table, "block_table")
         if min(seq.token_ids) < 0 or max(seq.token_ids) >= self.net.vocab_size:
             raise InvalidRequestError(f"request {rid!r} has token ids outside the vocabulary "
                                       f"0..{self.net.vocab_size - 1}", field="token_ids")
@@ -164,12 +194,12 @@ def _meta_on(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata
                              meta.block_tables.to(device), meta.max_query_len, meta.max_seq_len)
 
 
-def _prepare(seqs: list[ScheduledSequence], block_size: int):
+def _prepare(seqs: list[ScheduledSequence], tables: list[list[int]], block_size: int):
     """Flat ``input_ids, positions, slot_mapping``, attention metadata and the rows whose
     logits are needed (the last fed token of each sampling sequence), built on the host."""
     q_lens = [s.num_tokens for s in seqs]
     meta = AttentionMetadata.build(q_lens, [s.context_len for s in seqs],
-                                   [s.block_table for s in seqs])
+                                   tables)
     input_ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long)
     positions = torch.cat([torch.arange(s.num_computed_tokens, s.context_len) for s in seqs])
     owner = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(q_lens))

@@ -1,7 +1,13 @@
 """Plain data exchanged between the scheduler and the executor (one iteration each way).
 
 The executor never mutates scheduler state: it receives an ``ExecutorInput`` and returns an
-``ExecutorOutput``. The gRPC transport maps these 1:1 onto ``executor.proto``.
+``ExecutorOutput``. The gRPC transport maps these 1:1 onto ``executor.proto``
+(``services/executor/convert.py``).
+
+Block tables travel as changes: the executor keeps each running request's table, the
+scheduler sends a whole table once (``block_table_is_delta=False``: first schedule, or after
+the table was rewritten by a loan) and afterwards only the blocks appended since, and names
+the requests whose tables the executor may forget (``finished_request_ids``).
 """
 from __future__ import annotations
 
@@ -17,10 +23,11 @@ class ScheduledSequence:
     request_id: str
     token_ids: list[int]            # tokens fed this iteration
     num_computed_tokens: int        # tokens already in KV = position of token_ids[0]
-    block_table: list[int]          # device blocks of this request, in order
+    block_table: list[int]          # whole table, or the blocks appended since last sent
     sample: bool                    # sample after the last fed token (last prompt chunk / decode)
     sampling_params: SamplingParams
     num_output_tokens: int = 0      # advances the per-request seeded RNG deterministically
+    block_table_is_delta: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -37,6 +44,18 @@ class ExecutorInput:
     iteration: int
     sequences: list[ScheduledSequence]
     copy_blocks: list[tuple[int, int]] = field(default_factory=list)   # (src, dst) device blocks
+    # Requests whose block tables the executor forgets before this iteration (finished,
+    # preempted or swapped out since the last call).
+    finished_request_ids: list[str] = field(default_factory=list)
+    # Attention wave by wave (FluidInfer): each wave lists indices into ``sequences``; None
+    # runs every sequence's attention at once.
+    waves: list[list[int]] | None = None
+    # Block moves with a host buffer the KV manager shares with the executor (the gRPC
+    # transport; in one process the KV manager copies through ``export_blocks`` itself):
+    # (device block, host slot) before the forward pass, then (host slot, device block).
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    swap_buffer: str = ""
 
 
 @dataclass
@@ -45,6 +64,8 @@ class IterationTimings:
     attention_s: float = 0.0
     sample_s: float = 0.0
     total_s: float = 0.0
+    swap_s: float = 0.0                     # block moves of swap_out / swap_in
+    wave_attention_s: list[float] = field(default_factory=list)   # attention per wave
 
 
 @dataclass

@@ -8,6 +8,7 @@ _SOURCE_TO_PB = {
     Source.RETRIEVAL: common_pb2.PREDICTION_SOURCE_RETRIEVAL,
     Source.MLP: common_pb2.PREDICTION_SOURCE_MLP,
     Source.DEFAULT: common_pb2.PREDICTION_SOURCE_DEFAULT,
+    Source.ORACLE: common_pb2.PREDICTION_SOURCE_ORACLE,
 }
 _PB_TO_SOURCE = {v: k for k, v in _SOURCE_TO_PB.items()}
 

@@ -9,6 +9,7 @@ class Source(str, enum.Enum):
     RETRIEVAL = "retrieval"
     MLP = "mlp"
     DEFAULT = "default"
+    ORACLE = "oracle"      # the true length, known to benchmarks (upper-bound experiments)
 
 
 @dataclass(frozen=True)

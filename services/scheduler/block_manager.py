@@ -6,6 +6,13 @@ a request's blocks up to a target length at once (max- or exact-allocation from 
 length) and lending the unused tail of one request's allocation to another (EconoServe's KV
 pipelining). A lent block sits in the borrower's table until the borrower frees it, then goes
 back to the lender, or to the free pool if the lender has finished.
+
+Loans name the lender by (request id, generation): a table gets a fresh generation whenever it
+is created, so a request that reuses a finished lender's id never inherits its loans.
+
+Blocks of a swap-out are freed *deferred*: they stay out of the free list until the copy that
+reads them has finished (``release_deferred``), so the copy overlaps the next iteration
+without the blocks being handed to anyone meanwhile.
 """
 from __future__ import annotations
 
@@ -17,7 +24,14 @@ class BlockManager:
         # Popping from the end hands out low ids first, which keeps runs reproducible.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._tables: dict[str, list[int]] = {}
-        self._loans: dict[str, list[tuple[str, list[int]]]] = {}   # borrower -> [(lender, blocks)]
+        # borrower -> [((lender, lender generation), blocks)]
+        self._loans: dict[str, list[tuple[tuple[str, int], list[int]]]] = {}
+        self._gen: dict[str, int] = {}       # request id -> generation of its current table
+        self._next_gen = 0
+        # Bumped whenever a table changes other than by appending (lend, loan return, free):
+        # a receiver of block-table deltas must then be sent the whole table again.
+        self._epoch: dict[str, int] = {}
+        self._deferred: list[int] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -32,6 +46,20 @@ class BlockManager:
 
     def num_blocks_of(self, request_id: str) -> int:
         return len(self._tables.get(request_id, _EMPTY))
+
+    def epoch(self, request_id: str) -> int:
+        return self._epoch.get(request_id, 0)
+
+    @property
+    def num_deferred_blocks(self) -> int:
+        return len(self._deferred)
+
+    def _new_table(self, request_id: str) -> list[int]:
+        self._next_gen += 1
+        self._gen[request_id] = self._next_gen
+        self._epoch[request_id] = self._next_gen
+        table = self._tables[request_id] = []
+        return table
 
     def can_allocate(self, request_id: str, num_tokens: int) -> bool:
         need = self.blocks_for(num_tokens) - self.num_blocks_of(request_id)
@@ -48,25 +76,41 @@ class BlockManager:
         if need > len(self._free):
             return False
         if table is None:
-            table = self._tables[request_id] = []
+            table = self._new_table(request_id)
         free = self._free
         table.extend(free[-need:][::-1])
         del free[-need:]
         return True
 
-    def free(self, request_id: str) -> list[int]:
+    def free(self, request_id: str, *, defer: bool = False) -> list[int]:
         """Release every block the request holds; borrowed blocks go back to their lender.
-        Returns the blocks the request held, in position order."""
+        Returns the blocks the request held, in position order. ``defer``: the request's own
+        blocks wait in a side list until ``release_deferred`` (a copy still reads them)."""
         table = self._tables.pop(request_id, [])
+        self._gen.pop(request_id, None)
+        self._epoch.pop(request_id, None)
         borrowed = set()
-        for lender, blocks in self._loans.pop(request_id, ()):
+        for (lender, gen), blocks in self._loans.pop(request_id, ()):
             borrowed.update(blocks)
-            if lender in self._tables:
+            if self._gen.get(lender) == gen:
                 self._tables[lender].extend(blocks)
+                self._bump(lender)
             else:
                 self._free.extend(reversed(blocks))
-        self._free.extend(b for b in reversed(table) if b not in borrowed)
+        own = [b for b in reversed(table) if b not in borrowed]
+        (self._deferred if defer else self._free).extend(own)
         return table
+
+    def release_deferred(self) -> int:
+        """Return the blocks of finished swap-out copies to the free list."""
+        n = len(self._deferred)
+        self._free.extend(self._deferred)
+        self._deferred.clear()
+        return n
+
+    def _bump(self, request_id: str) -> None:
+        self._next_gen += 1
+        self._epoch[request_id] = self._next_gen
 
     def lend(self, lender_id: str, borrower_id: str, num_blocks: int, lender_needs_tokens: int) -> list[int]:
         """Move the last ``num_blocks`` of the lender's table to the end of the borrower's.
@@ -78,8 +122,12 @@ class BlockManager:
             raise ValueError(f"{lender_id} can lend at most {max(spare, 0)} blocks, asked {num_blocks}")
         blocks = table[-num_blocks:]
         del table[-num_blocks:]
-        self._tables.setdefault(borrower_id, []).extend(blocks)
-        self._loans.setdefault(borrower_id, []).append((lender_id, blocks))
+        self._bump(lender_id)
+        borrower = self._tables.get(borrower_id)
+        if borrower is None:
+            borrower = self._new_table(borrower_id)
+        borrower.extend(blocks)
+        self._loans.setdefault(borrower_id, []).append(((lender_id, self._gen[lender_id]), blocks))
         return blocks
 
     def check_integrity(self) -> None:
@@ -91,11 +139,13 @@ class BlockManager:
                 assert 0 <= b < self.num_blocks, f"block {b} of {rid} out of range"
                 assert b not in owner, f"block {b} owned by both {owner[b]} and {rid}"
                 owner[b] = rid
-        for b in self._free:
+        unowned = self._free + self._deferred
+        for b in unowned:
             assert b not in owner, f"free block {b} also owned by {owner.get(b)}"
-        assert len(set(self._free)) == len(self._free), "duplicate block in the free list"
-        assert len(owner) + len(self._free) == self.num_blocks, (
-            f"{self.num_blocks - len(owner) - len(self._free)} blocks leaked")
+        assert len(set(unowned)) == len(unowned), "duplicate block in the free/deferred lists"
+        assert len(owner) + len(unowned) == self.num_blocks, (
+            f"{self.num_blocks - len(owner) - len(unowned)} blocks leaked")
+        assert set(self._gen) == set(self._tables), "generation without table (or vice versa)"
         for borrower, loans in self._loans.items():
             for _, blocks in loans:
                 assert all(owner.get(b) == borrower for b in blocks), f"loan to {borrower} lost"

@@ -13,6 +13,8 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     enable_chunked_prefill: bool = True
     policy: str = "vllm"
+    # ``key=value`` options of the policy (``--policy-config``), checked against its config.
+    policy_config: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         positive = ("num_gpu_blocks", "block_size", "max_model_len", "max_num_batched_tokens",

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 from lenserve_contract.outputs import RequestMetrics
 from lenserve_contract.sampling_params import SamplingParams
@@ -47,6 +48,17 @@ _STATUS_OF = {FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
               FinishReason.ERROR: RequestStatus.FINISHED_ERROR}
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """A request's predicted output length as the scheduler sees it: the point estimate, a
+    calibrated upper quantile (for KV sizing), and where it came from (retrieval, mlp,
+    default, oracle, given)."""
+
+    length: int
+    upper_quantile: int
+    source: str = "given"
+
+
 class Request:
     """Mutable per-request state. Only the scheduler core changes ``status``."""
 
@@ -57,7 +69,7 @@ class Request:
         "metrics",
         "num_computed_tokens",
         "num_preemptions",
-        "predicted_output_len",
+        "prediction",
         "priority",
         "prompt_token_ids",
         "request_id",
@@ -82,13 +94,20 @@ class Request:
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
-        # Set by a length predictor; length-aware policies order and size KV by it.
-        self.predicted_output_len = predicted_output_len
+        # Set by a length predictor (possibly after arrival); length-aware policies order and
+        # size KV by it.
+        self.prediction: Prediction | None = None
+        if predicted_output_len is not None:
+            self.prediction = Prediction(predicted_output_len, predicted_output_len)
         self.priority = priority
         self.slo_deadline_s = slo_deadline_s
         self.num_preemptions = 0
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.error: str | None = None
+
+    @property
+    def predicted_output_len(self) -> int | None:
+        return None if self.prediction is None else self.prediction.length
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lenserve_contract.sampling_params import InvalidRequestError
+from lenserve_contract.errors import InvalidRequestError
 from services.executor.types import ExecutorInput, ExecutorOutput, ScheduledSequence
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.output import Budget, SchedulerOutput
+from services.scheduler.output import SchedulerOutput
 from services.scheduler.policy import Policy
-from services.scheduler.request import FinishReason, Request, RequestStatus
+from services.scheduler.request import FinishReason, Prediction, Request, RequestStatus
 from services.scheduler.state import SchedulerState
 
 
@@ -26,17 +26,23 @@ class SchedulerStats:
     num_iterations: int
     num_finished: int
     num_preemptions: int      # preemptions so far
+    num_swapped: int = 0      # requests whose KV is on the host tier
+    num_free_host_blocks: int = 0
+    num_host_blocks: int = 0
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, policy: Policy | None = None):
+    def __init__(self, config: SchedulerConfig, policy: Policy | None = None, *,
+                 num_host_blocks: int = 0):
         if policy is None:
             from services.scheduler.policies import make_policy
-            policy = make_policy(config.policy, config)
+            policy = make_policy(config.policy, config, list(config.policy_config))
         self.config = config
         self.policy = policy
-        self.state = SchedulerState(config)
-        self._budget = Budget(config.max_num_batched_tokens, config.max_num_seqs)
+        self.state = SchedulerState(config, num_host_blocks)
+        # Block tables the executor holds: request id -> (table epoch, blocks sent).
+        self._sent: dict[str, tuple[int, int]] = {}
+        self._forget: list[str] = []
 
     @property
     def block_manager(self):
@@ -60,6 +66,15 @@ class Scheduler:
                 f"prompt has {n} tokens but the maximum context length is {cfg.max_model_len}, "
                 "leaving no room for output", field="prompt", code="prompt_too_long")
 
+    def set_prediction(self, request_id: str, prediction: Prediction) -> Request | None:
+        """A prediction arrived for a request (maybe long after it was queued). Returns the
+        request, or None if it already finished."""
+        request = self.state.requests.get(request_id)
+        if request is not None:
+            request.prediction = prediction
+            self.policy.on_prediction(request, prediction)
+        return request
+
     def abort_request(self, request_id: str) -> Request | None:
         request = self.state.requests.get(request_id)
         if request is not None:
@@ -74,6 +89,7 @@ class Scheduler:
         self.policy.remove_request(request)
         request.stop_reason = stop_reason
         self.state.finish(request, reason)
+        self._drop_table(request.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.state.requests)
@@ -81,23 +97,45 @@ class Scheduler:
     def schedule(self, now: float) -> SchedulerOutput:
         state = self.state
         state.now = now
-        output = self.policy.schedule(state, self._budget)
+        output = self.policy.schedule(state, state.budget)
         state.iteration += 1
+        for request in output.preempted:
+            self._drop_table(request.request_id)
+        for rid, _ in output.swapped_out:
+            self._drop_table(rid)
         for request, _ in output.scheduled:
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = now
         return output
 
+    def release_swapped_blocks(self) -> int:
+        """The swap-out copies of earlier iterations have finished: their device blocks may be
+        handed out again."""
+        return self.state.block_manager.release_deferred()
+
+    def _drop_table(self, request_id: str) -> None:
+        if self._sent.pop(request_id, None) is not None:
+            self._forget.append(request_id)
+
     def make_executor_input(self, output: SchedulerOutput) -> ExecutorInput:
-        table_of = self.state.block_manager.block_table
-        seqs = []
-        for req, n in output.scheduled:
-            start = req.num_computed_tokens
-            end = start + n
-            seqs.append(ScheduledSequence(
-                req.request_id, req.token_ids[start:end], start, list(table_of(req.request_id)),
-                end == len(req.token_ids), req.sampling_params, len(req.token_ids) - req.num_prompt_tokens))
-        return ExecutorInput(iteration=output.iteration, sequences=seqs)
+        seqs = [self._sequence(req, n) for req, n in output.scheduled]
+        forget, self._forget = self._forget, []
+        return ExecutorInput(iteration=output.iteration, sequences=seqs,
+                             finished_request_ids=forget, waves=output.waves)
+
+    def _sequence(self, req: Request, n: int) -> ScheduledSequence:
+        rid, bm = req.request_id, self.state.block_manager
+        start = req.num_computed_tokens
+        end = start + n
+        table, epoch = bm.block_table(rid), bm.epoch(rid)
+        sent = self._sent.get(rid)
+        # Only blocks appended since the last call travel, unless the table was rewritten.
+        delta = sent is not None and sent[0] == epoch
+        blocks = table[sent[1]:] if delta else list(table)
+        self._sent[rid] = (epoch, len(table))
+        return ScheduledSequence(rid, req.token_ids[start:end], start, blocks,
+                                 end == len(req.token_ids), req.sampling_params,
+                                 len(req.token_ids) - req.num_prompt_tokens, delta)
 
     def update_from_output(self, output: SchedulerOutput, result: ExecutorOutput,
                            now: float) -> list[Request]:
@@ -119,7 +157,7 @@ class Scheduler:
             else:
                 self._append_token(req, token, now)
             updated.append(req)
-        self.policy.update(output, updated)
+        self.policy.update(output, updated, result)
         return updated
 
     def _append_token(self, req: Request, token: int, now: float) -> None:
@@ -152,7 +190,10 @@ class Scheduler:
             num_preempted=counts[RequestStatus.PREEMPTED] + counts[RequestStatus.SWAPPED],
             num_free_blocks=state.block_manager.num_free_blocks,
             num_total_blocks=self.config.num_gpu_blocks, num_iterations=state.iteration,
-            num_finished=state.num_finished, num_preemptions=state.num_preemptions)
+            num_finished=state.num_finished, num_preemptions=state.num_preemptions,
+            num_swapped=counts[RequestStatus.SWAPPED],
+            num_free_host_blocks=state.num_free_host_blocks,
+            num_host_blocks=state.num_host_blocks)
 
     def check_integrity(self) -> None:
         self.state.check_integrity()

@@ -8,17 +8,28 @@ from collections import Counter
 
 from services.scheduler.block_manager import BlockManager
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.output import SchedulerOutput
+from services.scheduler.output import Budget, SchedulerOutput
 from services.scheduler.request import FinishReason, Request, RequestStatus
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
 
 
 class SchedulerState:
-    def __init__(self, config: SchedulerConfig):
+    """What every policy reads and changes through these methods: the requests, the running
+    set (admission order), device block accounting, free host blocks, and the iteration's
+    budget (the policy may change it, e.g. FluidInfer lifts the batch size)."""
+
+    def __init__(self, config: SchedulerConfig, num_host_blocks: int = 0):
         self.config = config
         self.block_manager = BlockManager(config.num_gpu_blocks, config.block_size)
         self.requests: dict[str, Request] = {}     # unfinished requests only
+        # Insertion-ordered: iteration is admission order, popitem() the latest admitted.
+        self.running: dict[str, Request] = {}
+        self.budget = Budget(config.max_num_batched_tokens, config.max_num_seqs)
+        # Free blocks of the host KV tier, as last reported by the KV manager (0: no tier).
+        self.num_host_blocks = num_host_blocks
+        self.num_free_host_blocks = num_host_blocks
+        self.swap_refusals = 0
         self.counts: Counter[RequestStatus] = Counter()
         self.now = 0.0
         self.iteration = 0
@@ -37,27 +48,51 @@ class SchedulerState:
         self.requests[request.request_id] = request
         self.counts[request.status] += 1
 
-    def admit(self, request: Request) -> None:
-        """A waiting or preempted request whose blocks the policy has just allocated."""
+    def admit(self, request: Request, num_tokens: int | None = None) -> bool:
+        """Admit a waiting or preempted request, first growing its blocks to ``num_tokens``
+        (None: the caller already allocated). False, and nothing changed, if they do not fit."""
         assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), request
+        rid = request.request_id
+        if num_tokens is not None and not self.block_manager.allocate_slots(rid, num_tokens):
+            return False
         self._set_status(request, RequestStatus.RUNNING)
+        self.running[rid] = request
+        return True
 
     def preempt(self, request: Request, output: SchedulerOutput) -> None:
         """Drop the request's KV; it is recomputed (prompt and outputs so far) when readmitted."""
         self.block_manager.free(request.request_id)
+        self.running.pop(request.request_id, None)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self._set_status(request, RequestStatus.PREEMPTED)
         output.preempted.append(request)
 
-    def swap_out(self, request: Request, output: SchedulerOutput) -> None:
-        """Move the request's KV to the host tier; its computed tokens survive."""
-        blocks = self.block_manager.free(request.request_id)
+    def can_swap_out(self, request: Request) -> bool:
+        return self.config.blocks_for(request.num_computed_tokens) <= self.num_free_host_blocks
+
+    def swap_out(self, request: Request, output: SchedulerOutput) -> bool:
+        """Move the request's KV to the host tier; its computed tokens survive. False (and
+        the reason in ``output.swap_refusals``) when the host tier cannot take it: the policy
+        then keeps it running or preempts it instead."""
+        rid = request.request_id
+        # Only blocks holding computed tokens travel; an allocation made ahead (exact
+        # allocation for a predicted length) is simply freed.
+        need = self.config.blocks_for(request.num_computed_tokens)
+        if need > self.num_free_host_blocks:
+            self.swap_refusals += 1
+            output.swap_refusals.append((rid, f"host KV pool has {self.num_free_host_blocks} "
+                                              f"free blocks, {need} needed"))
+            return False
+        blocks = self.block_manager.free(rid, defer=True)
+        self.num_free_host_blocks -= need
+        self.running.pop(rid, None)
         request.num_preemptions += 1
         self.num_preemptions += 1
         self._set_status(request, RequestStatus.SWAPPED)
-        output.swapped_out.append((request.request_id, list(blocks)))
+        output.swapped_out.append((rid, list(blocks[:need])))
+        return True
 
     def swap_in(self, request: Request, output: SchedulerOutput) -> bool:
         """Bring a swapped request back onto the device, if its blocks fit."""
@@ -65,13 +100,18 @@ class SchedulerState:
         rid = request.request_id
         if not self.block_manager.allocate_slots(rid, request.num_computed_tokens):
             return False
+        self.num_free_host_blocks += self.config.blocks_for(request.num_computed_tokens)
         self._set_status(request, RequestStatus.RUNNING)
+        self.running[rid] = request
         output.swapped_in.append((rid, list(self.block_manager.block_table(rid))))
         return True
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         # Finished requests leave the tracked set, so they drop out of the status counts.
         self.block_manager.free(request.request_id)
+        self.running.pop(request.request_id, None)
+        if request.status is RequestStatus.SWAPPED:
+            self.num_free_host_blocks += self.config.blocks_for(request.num_computed_tokens)
         self.counts[request.status] -= 1
         request.status = reason.status
         request.finish_reason = reason
@@ -96,5 +136,11 @@ class SchedulerState:
                 assert req.num_computed_tokens == 0, f"{req} preempted with computed tokens"
             assert req.num_computed_tokens <= req.num_tokens, f"{req} computed past its tokens"
         assert bm.owners() <= set(self.requests), f"blocks held by gone {bm.owners() - set(self.requests)}"
+        running = {rid for rid, r in self.requests.items() if r.status is RequestStatus.RUNNING}
+        assert set(self.running) == running, f"running set {set(self.running) ^ running} off"
+        held = sum(self.config.blocks_for(r.num_computed_tokens) for r in self.requests.values()
+                   if r.status is RequestStatus.SWAPPED)
+        assert held + self.num_free_host_blocks == self.num_host_blocks, (
+            f"host blocks: {held} held + {self.num_free_host_blocks} free != {self.num_host_blocks}")
         live = Counter(r.status for r in self.requests.values())
         assert +self.counts == +live, f"status counts {dict(self.counts)} != {dict(live)}"

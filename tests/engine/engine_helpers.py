@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 
-from lenserve.engine.fake_executor import FakeExecutor
+from services.executor.fake import FakeExecutor
 from lenserve.engine.llm_engine import EngineConfig, LLMEngine
 
 

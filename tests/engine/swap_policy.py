@@ -8,12 +8,11 @@ class SwapOncePolicy(VllmPolicy):
     def schedule(self, state, budget):
         if state.iteration == 2:
             output = state.new_output()
-            self.parked = self.running.pop(0)
-            state.swap_out(self.parked, output)
+            self.parked = next(iter(state.running.values()))
+            assert state.swap_out(self.parked, output)
             return output
         if state.iteration == 4:
             output = state.new_output()
             assert state.swap_in(self.parked, output)
-            self.running.insert(0, self.parked)
             return output
         return super().schedule(state, budget)

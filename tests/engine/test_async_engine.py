@@ -3,7 +3,7 @@ import asyncio
 import pytest
 from engine_helpers import make_engine, run_to_completion
 
-from lenserve.engine.async_engine import AsyncEngine
+from services.scheduler.async_engine import AsyncEngine
 from lenserve_contract.sampling_params import InvalidRequestError, SamplingParams
 
 

@@ -1,7 +1,7 @@
 import pytest
 from engine_helpers import make_engine, run_to_completion
 
-from lenserve.engine.fake_executor import CharTokenizer
+from services.executor.fake import CharTokenizer
 from lenserve_contract.sampling_params import InvalidRequestError, SamplingParams
 from services.scheduler.policies import POLICIES, register_policy  # noqa: F401
 

@@ -4,8 +4,8 @@ import pytest
 
 from lenserve import LLM, SamplingParams
 from lenserve.commands import bench_scheduler, generate
-from lenserve.engine.detokenizer import IncrementalDetokenizer
-from lenserve.engine.fake_executor import CharTokenizer
+from services.scheduler.detokenizer import IncrementalDetokenizer
+from services.executor.fake import CharTokenizer
 from lenserve_contract.sampling_params import InvalidRequestError
 
 

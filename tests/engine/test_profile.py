@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from engine_helpers import make_engine, run_to_completion
 
-from lenserve.engine.profile import StepProfile
+from services.scheduler.profile import StepProfile
 from lenserve_contract.sampling_params import SamplingParams
 
 
@@ -19,7 +19,7 @@ def test_profile_counts_every_step_and_parts_fit_inside():
         steps += 1
     prof = engine.profile.as_dict()
     assert prof["steps"] == steps > 0
-    parts = prof["schedule_s"] + prof["executor_s"] + prof["update_s"]
+    parts = prof["schedule_s"] + prof["executor_s"] + prof["update_s"] + prof["kv_s"]
     assert 0 < parts <= prof["step_s"] + 1e-9
     assert prof["other_s"] == pytest.approx(prof["step_s"] - parts)
     assert "ms/step" in engine.profile.summary()

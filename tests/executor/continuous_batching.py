@@ -70,7 +70,7 @@ def serve(executor, prompts: list[list[int]], *, max_tokens: int, token_budget: 
         stats.iterations += 1
         stats.mixed_iterations += int(0 < num_decode < len(seqs))
         waves = _waves(len(seqs), waves_per_iteration)
-        out = executor.execute(ExecutorInput(stats.iterations, seqs), waves=waves)
+        out = executor.execute(ExecutorInput(stats.iterations, seqs, waves=waves))
         for s in seqs:
             r = next(x for x in running if x.rid == s.request_id)
             r.computed += s.num_tokens

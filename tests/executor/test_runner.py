@@ -27,15 +27,16 @@ def mixed_batch() -> list[ScheduledSequence]:
 
 
 def test_waves_give_identical_logits(executor):
-    full, _, _ = executor.forward_logits(ExecutorInput(0, mixed_batch()))
+    full, _, _, _ = executor.forward_logits(ExecutorInput(0, mixed_batch()))
     for waves in ([[0, 2], [1, 3]], [[3], [0], [2], [1]]):
-        waved, _, _ = executor.forward_logits(ExecutorInput(0, mixed_batch()), waves=waves)
+        waved, ctx, _, _ = executor.forward_logits(ExecutorInput(0, mixed_batch(), waves=waves))
         assert torch.equal(full, waved)
+        assert len(ctx.wave_attention_s) == len(waves) and min(ctx.wave_attention_s) > 0
 
 
 def test_waves_must_cover_every_sequence_once(executor):
     with pytest.raises(ValueError, match="exactly once"):
-        executor.forward_logits(ExecutorInput(0, mixed_batch()), waves=[[0, 1], [1, 2]])
+        executor.forward_logits(ExecutorInput(0, mixed_batch(), waves=[[0, 1], [1, 2]]))
 
 
 def test_only_sampling_sequences_get_tokens_and_timings(executor):

@@ -15,11 +15,11 @@ def make_request(rid: str, prompt_len: int, max_tokens: int = 8, **kw) -> Reques
     return Request(rid, [1] * prompt_len, params, arrival_time=0.0, eos_token_id=2, **kw)
 
 
-def make_scheduler(policy: str = "vllm", **overrides) -> Scheduler:
+def make_scheduler(policy: str = "vllm", num_host_blocks: int = 0, **overrides) -> Scheduler:
     fields = {"num_gpu_blocks": 64, "block_size": 4, "max_model_len": 128,
-                  "max_num_batched_tokens": 64, "max_num_seqs": 16, "policy": policy}
+              "max_num_batched_tokens": 64, "max_num_seqs": 16, "policy": policy}
     fields.update(overrides)
-    return Scheduler(SchedulerConfig(**fields))
+    return Scheduler(SchedulerConfig(**fields), num_host_blocks=num_host_blocks)
 
 
 def add(scheduler: Scheduler, *requests: Request) -> list[Request]:
@@ -34,6 +34,7 @@ def step(scheduler: Scheduler, now: float = 0.0):
     batch = scheduler.make_executor_input(out)
     sampled = {s.request_id: TOKEN for s in batch.sequences if s.sample}
     scheduler.update_from_output(out, ExecutorOutput(out.iteration, sampled), now)
+    scheduler.release_swapped_blocks()      # the synthetic executor's swap copies are instant
     scheduler.check_integrity()
     return out, batch
 

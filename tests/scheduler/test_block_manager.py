@@ -63,3 +63,43 @@ def test_loan_outliving_its_lender_goes_to_the_free_pool():
     bm.free("guest")
     assert bm.num_free_blocks == 4
     bm.check_integrity()
+
+
+def test_a_reused_lender_id_never_inherits_a_stale_loan():
+    # The lender finishes while its loan is out; a new request takes the same id. When the
+    # borrower frees, the lent blocks belong to no one: they must go to the free pool, not
+    # into the newcomer's table (the newcomer never lent anything).
+    bm = BlockManager(num_blocks=8, block_size=4)
+    assert bm.allocate_slots("host", 16)
+    bm.lend("host", "guest", 2, lender_needs_tokens=8)
+    bm.free("host")
+    assert bm.allocate_slots("host", 4)          # same id, new request, one block
+    bm.free("guest")
+    assert bm.num_blocks_of("host") == 1
+    assert bm.num_free_blocks == 7
+    bm.check_integrity()
+
+
+def test_deferred_blocks_are_not_handed_out_until_released():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    assert bm.allocate_slots("a", 16)
+    table = list(bm.block_table("a"))
+    assert bm.free("a", defer=True) == table
+    assert bm.num_free_blocks == 0 and bm.num_deferred_blocks == 4
+    assert not bm.allocate_slots("b", 4)
+    bm.check_integrity()
+    assert bm.release_deferred() == 4 and bm.allocate_slots("b", 16)
+    bm.check_integrity()
+
+
+def test_epoch_changes_only_when_a_table_is_rewritten():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    bm.allocate_slots("a", 4)
+    e = bm.epoch("a")
+    bm.allocate_slots("a", 12)                   # appends keep the epoch
+    assert bm.epoch("a") == e
+    bm.lend("a", "b", 1, lender_needs_tokens=8)  # the lender's tail moved away
+    assert bm.epoch("a") != e
+    e2 = bm.epoch("a")
+    bm.free("b")                                 # and came back
+    assert bm.epoch("a") != e2

@@ -94,20 +94,19 @@ class SwapOncePolicy(VllmPolicy):
     def schedule(self, state, budget):
         if state.iteration == 2:
             output = state.new_output()
-            victim = self.running.pop(0)
-            state.swap_out(victim, output)
+            victim = next(iter(state.running.values()))
+            assert state.swap_out(victim, output)
             self.parked = victim
             return output
         if state.iteration == 4:
             output = state.new_output()
             assert state.swap_in(self.parked, output)
-            self.running.insert(0, self.parked)
             return output
         return super().schedule(state, budget)
 
 
 def test_swap_out_keeps_computed_tokens_and_swap_in_restores_blocks():
-    s = make_scheduler()
+    s = make_scheduler(num_host_blocks=8)
     s.policy = SwapOncePolicy(s.config)
     a, _b = add(s, make_request("a", 6), make_request("b", 6))
     step(s)
@@ -116,8 +115,38 @@ def test_swap_out_keeps_computed_tokens_and_swap_in_restores_blocks():
     assert out.swapped_out[0][0] == "a" and len(out.swapped_out[0][1]) == 2
     assert a.status is RequestStatus.SWAPPED and a.num_computed_tokens == 7
     assert s.stats().num_preempted == 1 and s.block_manager.num_blocks_of("a") == 0
+    assert s.stats().num_free_host_blocks == 6
     step(s)
     out, _ = step(s)                          # iteration 4: swap in
     assert [rid for rid, _ in out.swapped_in] == ["a"] and a.status is RequestStatus.RUNNING
     out, _ = step(s)
     assert scheduled(out) == {"a": 1, "b": 1}
+
+
+def test_a_full_host_tier_refuses_the_swap_and_nothing_changes():
+    s = make_scheduler(num_host_blocks=1)
+    a, = add(s, make_request("a", 6))
+    step(s)
+    out = s.state.new_output()
+    assert not s.state.swap_out(a, out)
+    assert out.swap_refusals and "1 free blocks, 2 needed" in out.swap_refusals[0][1]
+    assert a.status is RequestStatus.RUNNING and not out.swapped_out
+    s.check_integrity()
+
+
+def test_block_tables_travel_as_deltas_and_whole_after_a_rewrite():
+    s = make_scheduler()
+    a, = add(s, make_request("a", 4, max_tokens=12))
+    _, batch = step(s)
+    seq = batch.sequences[0]
+    assert not seq.block_table_is_delta and seq.block_table == [0]
+    _, batch = step(s)                       # the 5th token needs a second block
+    seq = batch.sequences[0]
+    assert seq.block_table_is_delta and seq.block_table == [1]
+    _, batch = step(s)
+    assert batch.sequences[0].block_table_is_delta and batch.sequences[0].block_table == []
+    s.abort_request("a")
+    b, = add(s, make_request("b", 2))
+    _, batch = step(s)
+    assert batch.finished_request_ids == ["a"]
+    assert not batch.sequences[0].block_table_is_delta

@@ -32,6 +32,7 @@ class AttentionContext:
     waves: list[list[int]] | None = None
     time_attention: bool = False        # wall-clock timing is only honest without async devices
     attention_s: float = 0.0
+    wave_attention_s: list[float] = field(default_factory=list)   # summed over layers
     _wave_meta: list[tuple[AttentionMetadata, torch.Tensor]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -43,6 +44,7 @@ class AttentionContext:
                              f"0..{self.meta.num_seqs - 1} exactly once")
         # Built once per iteration, reused by every layer.
         self._wave_meta = [self.meta.select(wave) for wave in self.waves if wave]
+        self.wave_attention_s = [0.0] * len(self._wave_meta)
 
 
 def paged_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -55,8 +57,11 @@ def paged_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         out = ctx.backend.forward(q, k_cache, v_cache, ctx.meta, scale)
     else:
         out = torch.empty_like(q)
-        for sub, rows in ctx._wave_meta:
+        for i, (sub, rows) in enumerate(ctx._wave_meta):
+            t0 = time.perf_counter() if ctx.time_attention else 0.0
             out[rows] = ctx.backend.forward(q[rows], k_cache, v_cache, sub, scale)
+            if ctx.time_attention:
+                ctx.wave_attention_s[i] += time.perf_counter() - t0
     if ctx.time_attention:
         ctx.attention_s += time.perf_counter() - start
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.policies.orca import OrcaPolicy, StaticPolicy
 from services.scheduler.policies.vllm import VllmPolicy
-from services.scheduler.policy import Policy
+from services.scheduler.policy import Policy, PolicyConfig, parse_policy_config
 
 POLICIES: dict[str, type[Policy]] = {
     VllmPolicy.name: VllmPolicy,
@@ -19,9 +19,18 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
-def make_policy(name: str, config: SchedulerConfig) -> Policy:
+def policy_class(name: str) -> type[Policy]:
     try:
-        cls = POLICIES[name]
+        return POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(sorted(POLICIES))}") from None
-    return cls(config)
+
+
+def make_policy(name: str, config: SchedulerConfig,
+                options: dict[str, str] | list[str] | PolicyConfig | None = None) -> Policy:
+    """Build a policy by name; ``options`` are ``key=value`` strings (``--policy-config``), a
+    dict, or the policy's config object. Unknown names and keys raise ValueError."""
+    cls = policy_class(name)
+    if not isinstance(options, PolicyConfig):
+        options = parse_policy_config(cls.config_class, options)
+    return cls(config, options)

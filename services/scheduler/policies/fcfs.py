@@ -8,19 +8,17 @@ from services.scheduler.request import Request, RequestStatus
 
 
 class FcfsPolicy(Policy):
-    """One FCFS waiting queue plus the running list, in admission order."""
+    """One FCFS waiting queue; the running set is ``state.running`` (admission order)."""
 
-    def __init__(self, config):
-        super().__init__(config)
+    def __init__(self, config, policy_config=None):
+        super().__init__(config, policy_config)
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
 
     def remove_request(self, request: Request) -> None:
-        # Running requests are dropped lazily at the next schedule(); only aborts reach the
-        # (rarely long) scan of the waiting queue.
+        # Only aborts of queued requests reach the (rarely long) scan of the waiting queue.
         if request.status is not RequestStatus.RUNNING:
             try:
                 self.waiting.remove(request)

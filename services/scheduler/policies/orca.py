@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from services.scheduler.output import Budget, SchedulerOutput
 from services.scheduler.policies.fcfs import FcfsPolicy
-from services.scheduler.request import Request, RequestStatus
+from services.scheduler.request import Request
 from services.scheduler.state import SchedulerState
-
-_RUNNING = RequestStatus.RUNNING
 
 
 class OrcaPolicy(FcfsPolicy):
@@ -29,36 +27,33 @@ class OrcaPolicy(FcfsPolicy):
         return min(request.num_prompt_tokens + request.sampling_params.max_tokens,
                    self.config.max_model_len)
 
-    def may_admit(self) -> bool:
+    def may_admit(self, state: SchedulerState) -> bool:
         return True
 
     def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
         output = state.new_output()
-        self.running = [r for r in self.running if r.status is _RUNNING]
         tokens = budget.max_num_batched_tokens
-        for req in self.running:
+        for req in state.running.values():
             n = len(req.token_ids) - req.num_computed_tokens
             if n > tokens:
                 continue
             output.add(req, n)
             tokens -= n
-        if self.may_admit():
+        if self.may_admit(state):
             self._admit(state, output, tokens, budget.max_num_seqs)
         return output
 
     def _admit(self, state: SchedulerState, output: SchedulerOutput, tokens: int,
                max_num_seqs: int) -> None:
-        waiting, running = self.waiting, self.running
+        waiting, running = self.waiting, state.running
         while waiting and len(running) < max_num_seqs:
             req = waiting[0]
             n = len(req.token_ids)
             if n > tokens and output.scheduled:
                 break       # an oversized prompt runs alone rather than never
-            if not state.block_manager.allocate_slots(req.request_id, self.reserved_tokens(req)):
+            if not state.admit(req, self.reserved_tokens(req)):
                 break
             waiting.popleft()
-            state.admit(req)
-            running.append(req)
             output.add(req, n)
             tokens -= n
 
@@ -66,5 +61,5 @@ class OrcaPolicy(FcfsPolicy):
 class StaticPolicy(OrcaPolicy):
     name = "static"
 
-    def may_admit(self) -> bool:
-        return not self.running
+    def may_admit(self, state: SchedulerState) -> bool:
+        return not state.running

@@ -24,32 +24,32 @@ class VllmPolicy(FcfsPolicy):
 
     def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
         output = state.new_output()
-        self.running = [r for r in self.running if r.status is _RUNNING]
         tokens = self._schedule_running(state, output, budget.max_num_batched_tokens)
         if not output.preempted:
             self._admit_waiting(state, output, tokens, budget.max_num_seqs)
         return output
 
     def _schedule_running(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
-        running, allocate = self.running, state.block_manager.allocate_slots
-        i = 0
-        while i < len(running) and tokens > 0:
-            req = running[i]
+        running, allocate = state.running, state.block_manager.allocate_slots
+        for req in list(running.values()):
+            if tokens <= 0:
+                break
+            if req.status is not _RUNNING:
+                continue    # preempted below by an earlier request of this loop
             n = min(len(req.token_ids) - req.num_computed_tokens, tokens)
             while not allocate(req.request_id, req.num_computed_tokens + n):
-                victim = running.pop()
+                victim = next(reversed(running.values()))
                 state.preempt(victim, output)
                 self.waiting.appendleft(victim)
                 if victim is req:
                     return tokens
             output.add(req, n)
             tokens -= n
-            i += 1
         return tokens
 
     def _admit_waiting(self, state: SchedulerState, output: SchedulerOutput, tokens: int,
                        max_num_seqs: int) -> None:
-        waiting, running = self.waiting, self.running
+        waiting, running = self.waiting, state.running
         chunked = self.config.enable_chunked_prefill
         while waiting and tokens > 0 and len(running) < max_num_seqs:
             req = waiting[0]
@@ -60,10 +60,8 @@ class VllmPolicy(FcfsPolicy):
                     n = tokens
                 elif output.scheduled:
                     break
-            if not state.block_manager.allocate_slots(req.request_id, req.num_computed_tokens + n):
+            if not state.admit(req, req.num_computed_tokens + n):
                 break
             waiting.popleft()
-            state.admit(req)
-            running.append(req)
             output.add(req, n)
             tokens -= n

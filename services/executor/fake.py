@@ -11,6 +11,7 @@ import random
 
 import torch
 
+from services.executor.block_tables import BlockTables
 from services.executor.interface import Executor
 from services.executor.types import ExecutorInput, ExecutorOutput, IterationTimings, ModelInfo
 
@@ -51,19 +52,22 @@ class FakeExecutor(Executor):
             block_size=block_size, num_gpu_blocks=num_gpu_blocks, bytes_per_block=8 * block_size,
             eos_token_id=self.tokenizer.eos_token_id, dtype="int64", attention_backend="fake")
         self.num_calls = 0
+        self.block_tables = BlockTables()
 
     def model_info(self) -> ModelInfo:
         return self._info
 
     def execute(self, batch: ExecutorInput) -> ExecutorOutput:
         self.num_calls += 1
+        tables = self.block_tables.resolve(batch)
+        self.block_tables.commit(batch, tables)
         for src, dst in batch.copy_blocks:
             self._kv[dst] = self._kv[src]
         sampled = {}
-        for seq in batch.sequences:
-            self._write(seq.block_table, seq.num_computed_tokens, seq.token_ids)
+        for seq, table in zip(batch.sequences, tables):
+            self._write(table, seq.num_computed_tokens, seq.token_ids)
             if seq.sample:
-                context = self._read(seq.block_table, seq.context_len)
+                context = self._read(table, seq.context_len)
                 sampled[seq.request_id] = self._next_token(context, seq)
         iteration_s, token_s = self._costs
         num_tokens = sum(len(s.token_ids) for s in batch.sequences)
@@ -92,9 +96,13 @@ class FakeExecutor(Executor):
             return self.tokenizer.eos_token_id
         return _FIRST_PRINTABLE + h % _NUM_PRINTABLE
 
-    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
-        data = self._kv[block_ids].clone()
-        return data.view(1, 1, len(block_ids), self.block_size, 1, 1).expand(1, 2, -1, -1, -1, -1).clone()
+    def export_blocks(self, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        data = self._kv[block_ids].view(1, 1, len(block_ids), self.block_size, 1, 1)
+        data = data.expand(1, 2, -1, -1, -1, -1)
+        if out is None:
+            return data.clone()
+        out.copy_(data)
+        return out
 
     def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
         self._kv[block_ids] = data[0, 0, :, :, 0, 0]

@@ -1,0 +1,138 @@
+"""An asyncio front for the serving core: ``async for out in engine.generate(...)``.
+
+The step loop runs in one background thread that owns the engine: iterations are CPU/GPU
+bound and would otherwise stall the event loop. The event loop only posts commands (add,
+abort) to that thread and receives outputs through per-request asyncio queues, so it never
+waits on an iteration."""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+
+from lenserve_contract.outputs import RequestOutput
+from lenserve_contract.sampling_params import SamplingParams
+from services.scheduler.engine_core import EngineCore
+from services.scheduler.wiring import EngineConfig, engine_parts
+
+
+class AsyncEngine:
+    def __init__(self, config_or_engine: EngineConfig | EngineCore, **engine_kwargs):
+        if isinstance(config_or_engine, EngineCore):
+            self.engine = config_or_engine
+        else:
+            self.engine = EngineCore(**engine_parts(config_or_engine), **engine_kwargs)
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    # -- event-loop side ----------------------------------------------------------------------
+    async def generate(self, prompt: str | None = None, sampling_params: SamplingParams | None = None,
+                       request_id: str | None = None, *, prompt_token_ids: list[int] | None = None,
+                       **request_kwargs) -> AsyncIterator[RequestOutput]:
+        """Yield RequestOutput deltas (new token ids and text) until the request finishes.
+        Bad input raises InvalidRequestError from the first iteration; closing the iterator
+        early aborts the request."""
+        request_id = request_id or f"req-{uuid.uuid4().hex}"
+        out_queue: asyncio.Queue = asyncio.Queue()
+        kwargs = dict(prompt=prompt, prompt_token_ids=prompt_token_ids,
+                      sampling_params=sampling_params, delta=True, **request_kwargs)
+        await self._call("add", request_id, kwargs, (asyncio.get_running_loop(), out_queue))
+        finished = False
+        try:
+            while not finished:
+                item = await out_queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                await self._call("abort", request_id)
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort a request; its stream ends with finish_reason "abort". False if unknown."""
+        return await self._call("abort", request_id)
+
+    async def stats(self):
+        return await self._call("stats")
+
+    async def _call(self, op: str, *args):
+        self._ensure_started()
+        future: Future = Future()
+        self._commands.put((op, args, future))
+        self._wake.set()
+        return await asyncio.wrap_future(future)
+
+    def _ensure_started(self) -> None:
+        if self._stopped:
+            raise RuntimeError("AsyncEngine is shut down")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="lenserve-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # -- engine-thread side -----------------------------------------------------------------
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stopped:
+            self._drain_commands()
+            if not engine.has_unfinished_requests():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                outputs = engine.step()
+            except Exception as exc:  # noqa: BLE001 - an engine bug ends the streams, not silently
+                self._fail_all(exc)
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, out, final=out.finished)
+        self._fail_all(RuntimeError("AsyncEngine shut down"))
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                op, args, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                future.set_result(getattr(self, f"_do_{op}")(*args))
+            except Exception as exc:  # noqa: BLE001 - handed back to the caller
+                future.set_exception(exc)
+
+    def _do_add(self, request_id: str, kwargs: dict, stream) -> None:
+        self.engine.add_request(request_id, **kwargs)
+        self._streams[request_id] = stream
+
+    def _do_abort(self, request_id: str) -> bool:
+        out = self.engine.abort_request(request_id)
+        if out is not None:
+            self._deliver(request_id, out, final=True)
+        return out is not None
+
+    def _do_stats(self):
+        return self.engine.stats()
+
+    def _deliver(self, request_id: str, item, final: bool) -> None:
+        stream = self._streams.pop(request_id, None) if final else self._streams.get(request_id)
+        if stream is not None:
+            loop, out_queue = stream
+            loop.call_soon_threadsafe(out_queue.put_nowait, item)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self.error = exc
+        for request_id in list(self._streams):
+            self.engine.abort_request(request_id)
+            self._deliver(request_id, exc, final=True)

@@ -1,0 +1,277 @@
+"""The serving core: schedule -> KV moves -> execute -> update -> outputs, one iteration per
+``step()``.
+
+Its parts are injected: an ``Executor`` (in-process model, gRPC client or cost model), an
+optional ``LengthPredictor`` (through a ``PredictionPump``, off the loop) and an optional
+``KVManager`` (the host tier). ``lenserve.LLM``, ``AsyncEngine`` and the gRPC scheduler
+service are fronts on this one loop. The core reads the clock it is given, tokenizes,
+detokenizes and applies stop strings (which need text, so they cannot live in the
+token-level scheduler)."""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from lenserve_contract.errors import InvalidRequestError
+from lenserve_contract.outputs import CompletionOutput, RequestOutput
+from lenserve_contract.sampling_params import SamplingParams
+from services.executor.interface import Executor
+from services.executor.types import ExecutorOutput
+from services.kvmanager.interface import KVManager, SwapHandle
+from services.predictor.interface import PredictQuery
+from services.predictor.types import Completion
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.detokenizer import IncrementalDetokenizer
+from services.scheduler.output import SchedulerOutput
+from services.scheduler.predictions import PredictionPump
+from services.scheduler.profile import StepProfile
+from services.scheduler.request import FinishReason, Request
+from services.scheduler.scheduler import Scheduler, SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+class _Stream:
+    """Engine-side state of one request: its text and what was already reported."""
+
+    __slots__ = ("delta", "detok", "num_sent", "prompt", "request")
+
+    def __init__(self, request: Request, prompt: str | None, detok: IncrementalDetokenizer,
+                 delta: bool):
+        self.request, self.prompt, self.detok, self.delta = request, prompt, detok, delta
+        self.num_sent = 0
+
+
+class EngineCore:
+    def __init__(self, scheduler_config: SchedulerConfig, executor: Executor, *, tokenizer=None,
+                 predictions: PredictionPump | None = None, kv_manager: KVManager | None = None,
+                 clock: Callable[[], float] = time.monotonic, check_integrity: bool = False):
+        self.executor = executor
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(executor, "tokenizer", None)
+        self.model_info = executor.model_info()
+        self.kv_manager = kv_manager
+        host_blocks = kv_manager.num_host_blocks if kv_manager is not None else 0
+        self.scheduler = Scheduler(scheduler_config, num_host_blocks=host_blocks)
+        self.predictions = predictions
+        self.clock = clock
+        self.check_integrity = check_integrity
+        self._streams: dict[str, _Stream] = {}
+        self._swap_outs: list[SwapHandle] = []
+        self.profile = StepProfile()
+
+    # -- requests ---------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | None = None,
+                    prompt_token_ids: list[int] | None = None,
+                    sampling_params: SamplingParams | None = None,
+                    arrival_time: float | None = None, *, delta: bool = False,
+                    predicted_output_len: int | None = None, priority: int = 0,
+                    slo_deadline_s: float | None = None,
+                    true_output_len: int | None = None) -> None:
+        """Queue a request. Bad input raises InvalidRequestError and changes nothing.
+        ``delta``: outputs carry only new tokens and text (streaming) instead of all so far.
+        ``predicted_output_len`` skips the predictor; ``true_output_len`` is for the oracle."""
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequestError("request_id must be a non-empty string", field="request_id")
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"sampling_params must be SamplingParams, got "
+                                      f"{type(params).__name__}", field="sampling_params")
+        params.verify()
+        token_ids = self._prompt_tokens(prompt, prompt_token_ids)
+        arrival = self.clock() if arrival_time is None else arrival_time
+        request = Request(request_id, token_ids, params, arrival,
+                          eos_token_id=self.model_info.eos_token_id,
+                          predicted_output_len=predicted_output_len, priority=priority,
+                          slo_deadline_s=slo_deadline_s)
+        self.scheduler.add_request(request)
+        detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop)
+        self._streams[request_id] = _Stream(request, prompt, detok, delta)
+        if predicted_output_len is None and self.predictions is not None:
+            text = prompt if prompt is not None else self._decode(token_ids)
+            self.predictions.submit(request_id, PredictQuery(text, params.max_tokens,
+                                                             true_output_len))
+
+    def _decode(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _prompt_tokens(self, prompt: str | None, prompt_token_ids: list[int] | None) -> list[int]:
+        if prompt_token_ids is None:
+            if prompt is None:
+                raise InvalidRequestError("either prompt or prompt_token_ids is required", field="prompt")
+            if not isinstance(prompt, str):
+                raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}",
+                                          field="prompt")
+            if not prompt:
+                raise InvalidRequestError("prompt is empty", field="prompt")
+            if self.tokenizer is None:
+                raise InvalidRequestError("this engine has no tokenizer; pass prompt_token_ids",
+                                          field="prompt")
+            return self._encode(prompt)
+        vocab = self.model_info.vocab_size
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"prompt_token_ids must be ints in [0, {vocab}); got {bad[0]!r}",
+                                      field="prompt_token_ids")
+        return list(prompt_token_ids)
+
+    def _encode(self, prompt: str) -> list[int]:
+        ids = list(self.tokenizer.encode(prompt))
+        # WordPiece tokenizers close a text with [SEP], which is also such a model's EOS; a
+        # prompt that already ends in EOS asks the model to continue past the end.
+        if len(ids) > 1 and ids[-1] == self.model_info.eos_token_id:
+            ids.pop()
+        return ids
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Abort a request; returns its final output, or None if it is unknown or finished."""
+        request = self.scheduler.abort_request(request_id)
+        if request is None:
+            return None
+        return self._make_output(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.scheduler.state.requests)
+
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats()
+
+    # -- the loop ---------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration. Returns outputs for requests that got tokens or finished."""
+        scheduler = self.scheduler
+        t0 = time.perf_counter()
+        self._apply_predictions()
+        out = scheduler.schedule(self.clock())
+        if out.is_empty:
+            self._finish_swap_outs()
+            return []
+        t1 = time.perf_counter()
+        failed = self._start_swaps(out)
+        t2 = time.perf_counter()
+        try:
+            result = (self.executor.execute(scheduler.make_executor_input(out)) if out.scheduled
+                      else ExecutorOutput(out.iteration, {}))
+        except Exception as exc:
+            logger.exception("iteration %d failed", out.iteration)
+            self._finish_swap_outs()
+            return failed + self._fail_batch(out, exc)
+        t3 = time.perf_counter()
+        self._finish_swap_outs()
+        updated = scheduler.update_from_output(out, result, self.clock())
+        outputs = failed + [self._make_output(r) for r in updated]
+        if self.check_integrity:
+            self._check_integrity()
+        t4 = time.perf_counter()
+        self.profile.add(t1 - t0, t3 - t2, result.timings, t4 - t3, t4 - t0, kv_s=t2 - t1)
+        return outputs
+
+    def _apply_predictions(self) -> None:
+        if self.predictions is None:
+            return
+        for rid, prediction in self.predictions.drain():
+            self.scheduler.set_prediction(rid, prediction)
+
+    def _start_swaps(self, out: SchedulerOutput) -> list[RequestOutput]:
+        """Swap-outs start and run on while the iteration executes (their device blocks stay
+        reserved until ``_finish_swap_outs``); swap-ins must land before it reads them."""
+        if not (out.swapped_out or out.swapped_in):
+            return []
+        if self.kv_manager is None:
+            raise RuntimeError("the policy swapped KV but the engine has no KV manager")
+        failed = []
+        for rid, blocks in out.swapped_out:
+            try:
+                self._swap_outs.append(self.kv_manager.swap_out(rid, blocks))
+            except Exception as exc:  # noqa: BLE001 - the state and the pool disagree: say so
+                failed.append(self._fail_request(rid, f"swap-out failed: {exc}"))
+        handles = []
+        for rid, blocks in out.swapped_in:
+            try:
+                handles.append((rid, self.kv_manager.swap_in(rid, blocks)))
+            except Exception as exc:  # noqa: BLE001
+                failed.append(self._fail_request(rid, f"swap-in failed: {exc}"))
+        for rid, handle in handles:
+            try:
+                handle.wait()
+            except Exception as exc:  # noqa: BLE001
+                failed.append(self._fail_request(rid, f"swap-in failed: {exc}"))
+        return [f for f in failed if f is not None]
+
+    def _finish_swap_outs(self) -> None:
+        for handle in self._swap_outs:
+            handle.wait()
+        self._swap_outs.clear()
+        self.scheduler.release_swapped_blocks()
+
+    def _fail_request(self, request_id: str, why: str) -> RequestOutput | None:
+        request = self.scheduler.state.requests.get(request_id)
+        if request is None:
+            return None
+        request.error = why
+        self.scheduler.finish_request(request, FinishReason.ERROR)
+        return self._make_output(request)
+
+    def _check_integrity(self) -> None:
+        self.scheduler.check_integrity()
+        if self.kv_manager is not None:
+            self.kv_manager.check_integrity()
+            swapped = {rid for rid, r in self.scheduler.state.requests.items()
+                       if r.status.value == "swapped"}
+            assert all(self.kv_manager.holds(rid) for rid in swapped), "swapped KV not on host"
+
+    def _fail_batch(self, out: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+        failed = []
+        for request, _ in out.scheduled:
+            if not request.is_finished:
+                request.error = f"executor failed: {exc}"
+                self.scheduler.finish_request(request, FinishReason.ERROR)
+                failed.append(self._make_output(request))
+        return failed
+
+    def _make_output(self, request: Request) -> RequestOutput:
+        stream = self._streams[request.request_id]
+        new_tokens = request.token_ids[request.num_prompt_tokens + stream.num_sent:]
+        if new_tokens:
+            stop = stream.detok.add_tokens(new_tokens)
+            if stop is not None:
+                self.scheduler.finish_request(request, FinishReason.STOP, stop)
+        finished = request.is_finished
+        start = stream.num_sent if stream.delta else 0
+        stream.num_sent += len(new_tokens)
+        text = (stream.detok.take_delta(finished) if stream.delta
+                else stream.detok.visible_text(finished))
+        completion = CompletionOutput(
+            index=0, text=text, token_ids=request.output_token_ids[start:],
+            finish_reason=request.finish_reason.value if finished else None,
+            stop_reason=request.stop_reason)
+        if finished:
+            del self._streams[request.request_id]
+            self._on_finished(request, stream)
+        return RequestOutput(request.request_id, stream.prompt, request.prompt_token_ids,
+                             [completion], finished, request.metrics, request.error)
+
+    def _on_finished(self, request: Request, stream: _Stream) -> None:
+        if self.kv_manager is not None and self.kv_manager.holds(request.request_id):
+            self.kv_manager.free(request.request_id)
+        if self.predictions is None or request.finish_reason not in (FinishReason.STOP,
+                                                                     FinishReason.LENGTH):
+            return
+        prompt = stream.prompt if stream.prompt is not None else self._decode(
+            request.prompt_token_ids)
+        if prompt:
+            self.predictions.report(Completion(
+                self.predictions.model, prompt, request.num_output_tokens, request.request_id,
+                request.metrics.finished_time or 0.0, request.predicted_output_len or 0))
+
+    def close(self) -> None:
+        self._finish_swap_outs()
+        if self.predictions is not None:
+            self.predictions.close()
+        if self.kv_manager is not None:
+            self.kv_manager.close()
+        self.executor.close()

@@ -1,0 +1,109 @@
+"""Assembles a serving core from one frozen config: the executor, the predictor and the KV
+manager it names. The thin shells (``lenserve.LLM``, ``AsyncEngine``, the scheduler
+service's ``__main__``) call this; the core itself only sees the interfaces."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from services.executor.interface import Executor
+from services.scheduler.config import SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+FAKE_MODEL = "fake"   # deterministic model-free executor (services/executor/fake.py)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    policy: str = "vllm"
+    policy_config: tuple[str, ...] = ()      # key=value options of the policy
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    enable_chunked_prefill: bool = True
+    attention_backend: str = "auto"
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_model_len: int | None = None
+    seed: int = 0
+    # none | embedded | oracle | grpc://HOST:PORT
+    predictor: str = "none"
+    predictor_seed: str | None = None         # {"prompt","output_len"} JSON lines; None: bundled
+    kafka_bootstrap: str | None = None        # completions go to the Kafka topic, not observe()
+    swap_space_gib: float = 0.0               # host KV tier (0: none; swapping is refused)
+    kv_int8: bool = False                     # channel-wise INT8 for swapped KV
+    check_integrity: bool = False    # assert block accounting after every step (tests)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.policy_config, list):
+            object.__setattr__(self, "policy_config", tuple(self.policy_config))
+        if self.swap_space_gib < 0:
+            raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")
+
+
+def build_executor(config: EngineConfig) -> Executor:
+    if config.model == FAKE_MODEL:
+        from services.executor.fake import FakeExecutor
+        return FakeExecutor(num_gpu_blocks=config.num_gpu_blocks or 1024,
+                            block_size=config.block_size,
+                            max_model_len=config.max_model_len or 2048)
+    # Imported lazily: the model code pulls in transformers and the attention kernels.
+    from services.executor.runner import InProcessExecutor
+    return InProcessExecutor(
+        config.model, block_size=config.block_size, num_gpu_blocks=config.num_gpu_blocks,
+        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+        attention_backend=config.attention_backend, dtype=config.dtype, device=config.device,
+        max_model_len=config.max_model_len, seed=config.seed)
+
+
+def scheduler_config(config: EngineConfig, executor: Executor) -> SchedulerConfig:
+    info = executor.model_info()
+    capacity = info.num_gpu_blocks * info.block_size
+    # Unless asked otherwise, the context is what the model allows and the KV pool can hold.
+    max_len = config.max_model_len or min(info.max_model_len, capacity)
+    return SchedulerConfig(
+        num_gpu_blocks=info.num_gpu_blocks, block_size=info.block_size, max_model_len=max_len,
+        max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
+        enable_chunked_prefill=config.enable_chunked_prefill, policy=config.policy,
+        policy_config=config.policy_config)
+
+
+def build_predictions(config: EngineConfig, model: str, progress=None):
+    """The PredictionPump for ``config.predictor`` (None for ``none``), with completions sent
+    to Kafka when a bootstrap server is set."""
+    from services.predictor.local import make_predictor
+    from services.scheduler.predictions import PredictionPump
+
+    predictor = make_predictor(config.predictor, model, config.predictor_seed, progress)
+    if predictor is None:
+        return None
+    sink = None
+    if config.kafka_bootstrap:
+        from services.predictor.kafka_bus import CompletionProducer
+        producer = CompletionProducer(config.kafka_bootstrap)
+        sink = lambda records: [producer.send(r) for r in records]  # noqa: E731
+    return PredictionPump(predictor, model, sink)
+
+
+def build_kv_manager(config: EngineConfig, executor: Executor):
+    if config.swap_space_gib <= 0:
+        return None
+    from services.kvmanager.config import KVManagerConfig
+    from services.kvmanager.core import InProcessKVManager
+    return InProcessKVManager(KVManagerConfig(config.swap_space_gib, int8=config.kv_int8),
+                              executor, executor.model_info())
+
+
+def engine_parts(config: EngineConfig, executor: Executor | None = None,
+                 predictor_progress=None) -> dict:
+    """Keyword arguments of ``EngineCore`` for this config (executor built unless given)."""
+    executor = executor if executor is not None else build_executor(config)
+    model = executor.model_info().name
+    return dict(scheduler_config=scheduler_config(config, executor), executor=executor,
+                predictions=build_predictions(config, model, predictor_progress),
+                kv_manager=build_kv_manager(config, executor),
+                check_integrity=config.check_integrity)
