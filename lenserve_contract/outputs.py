@@ -20,6 +20,8 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    predicted_output_len: int | None = None   # set when a length prediction arrived
+    prediction_source: str | None = None
 
 
 @dataclass

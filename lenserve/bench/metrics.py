@@ -33,6 +33,8 @@ class RequestRecord:
     # Tokens generated, when a stream delivers several per timed chunk (HTTP backends);
     # otherwise one token per entry of token_times.
     num_tokens: int | None = None
+    predicted_len: int | None = None        # the length predictor's answer, if one ran
+    prediction_source: str | None = None    # retrieval | mlp | default | oracle | given
 
     @property
     def success(self) -> bool:

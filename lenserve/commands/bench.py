@@ -21,6 +21,7 @@ from lenserve.bench.report import (
     write_json,
 )
 from lenserve.bench.runner import BackendRun, RunnerConfig, replay, warm_up
+from lenserve.commands.engine_args import add_engine_arguments
 from lenserve.workloads import (
     DATASET_NAMES,
     ArrivalConfig,
@@ -62,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--result-json", help="write summaries and per-request records here")
     p.add_argument("--plot", help="PNG path for the sweep figure (default: next to the JSON)")
     p.add_argument("--disable-tqdm", action="store_true")
+    add_engine_arguments(p)
     p.set_defaults(func=run_bench)
 
 
@@ -131,7 +133,12 @@ def run_bench(args: argparse.Namespace) -> int:
     slos = parse_goodput(args.goodput)
     rates = parse_rates(args)
     options = BackendOptions(model=args.model, hf_batch_size=args.hf_batch_size,
-                             served_model_name=args.served_model_name)
+                             served_model_name=args.served_model_name,
+                             predictor=args.predictor, predictor_seed=args.predictor_seed,
+                             policy_config=tuple(args.policy_config or ()),
+                             num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
+                             max_model_len=args.max_model_len,
+                             swap_space_gib=args.swap_space, kv_int8=args.kv_int8)
     cfg = sample_config(args)
     samples = load_samples(args.dataset_name, args.dataset_path)
     workloads = build_workloads(args, samples, cfg, rates, load_tokenizer(args))

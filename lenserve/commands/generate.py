@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from lenserve.commands.engine_args import add_engine_arguments, engine_options
 from lenserve_contract.sampling_params import SamplingParams
 from services.executor.attention.registry import BACKEND_CHOICES
 
@@ -26,6 +27,7 @@ def register(subparsers) -> None:
                    help="auto: triton on CUDA, the C++ kernel (cpu) on a CPU, else torch")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu")
+    add_engine_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -36,9 +38,9 @@ def run(args: argparse.Namespace) -> int:
                             seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
                             ignore_eos=args.ignore_eos)
     llm = LLM(args.model, policy=args.policy, block_size=args.block_size,
-              num_gpu_blocks=args.num_gpu_blocks, max_model_len=args.max_model_len,
+              max_model_len=args.max_model_len,
               attention_backend=args.attention_backend, dtype=args.dtype, device=args.device,
-              seed=args.seed or 0)
+              seed=args.seed or 0, **engine_options(args))
     out = llm.generate(args.prompt, params)[0]
     print(out.outputs[0].text)
     return 0

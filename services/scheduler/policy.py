@@ -87,8 +87,7 @@ def parse_policy_config(cls: type[PolicyConfig], items: dict[str, str] | list[st
     unknown = sorted(set(pairs) - set(fields))
     if unknown:
         known = ", ".join(sorted(fields)) or "none"
-        raise ValueError(f"unknown policy-config key(s) {', '.join(unknown)} for "
-                         f"{cls.__name__}; known: {known}")
+        raise ValueError(f"unknown policy-config key(s) {', '.join(unknown)}; known: {known}")
     values = {k: _convert(k, v, fields[k]) for k, v in pairs.items()}
     return cls(**values)
 

@@ -72,6 +72,8 @@ class Scheduler:
         request = self.state.requests.get(request_id)
         if request is not None:
             request.prediction = prediction
+            request.metrics.predicted_output_len = prediction.length
+            request.metrics.prediction_source = prediction.source
             self.policy.on_prediction(request, prediction)
         return request
 

@@ -21,6 +21,17 @@ class BackendOptions:
     hf_cb_max_batch_tokens: int = 2048
     served_model_name: str | None = None  # the `model` field sent to OpenAI endpoints
     request_timeout_s: float = 600.0
+    # lenserve:<policy> engines. The KV pool is sized against the workload (num_gpu_blocks),
+    # as the papers do: length-aware scheduling only pays where requests queue for KV.
+    predictor: str = "none"
+    predictor_seed: str | None = None
+    policy_config: tuple[str, ...] = ()
+    num_gpu_blocks: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    swap_space_gib: float = 0.0
+    kv_int8: bool = False
 
     def __post_init__(self) -> None:
         for name in ("hf_batch_size", "hf_cb_kv_tokens", "hf_cb_max_batch_tokens"):

@@ -29,7 +29,13 @@ class LenserveBackend(Backend):
     def start(self) -> None:
         if self.engine is None:
             from lenserve.engine.llm_engine import EngineConfig, LLMEngine
-            self.engine = LLMEngine(EngineConfig(model=self.options.model, policy=self.policy))
+            o = self.options
+            self.engine = LLMEngine(EngineConfig(
+                model=o.model, policy=self.policy, policy_config=o.policy_config,
+                predictor=o.predictor, predictor_seed=o.predictor_seed,
+                num_gpu_blocks=o.num_gpu_blocks, max_num_seqs=o.max_num_seqs,
+                max_num_batched_tokens=o.max_num_batched_tokens, max_model_len=o.max_model_len,
+                swap_space_gib=o.swap_space_gib, kv_int8=o.kv_int8))
 
     def submit(self, request: BenchRequest, arrival_time: float) -> None:
         key = self.unique_key(request)
@@ -37,7 +43,8 @@ class LenserveBackend(Backend):
         params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0)
         try:
             self.engine.add_request(key, prompt_token_ids=list(request.prompt_token_ids),
-                                    sampling_params=params, arrival_time=arrival_time)
+                                    sampling_params=params, arrival_time=arrival_time,
+                                    true_output_len=request.output_len)
         except ValueError as exc:  # InvalidRequestError: refused, not crashed
             self._done.append(failed_record(request, arrival_time, str(exc)))
             return
@@ -64,6 +71,8 @@ class LenserveBackend(Backend):
         return bool(self._inflight or self._done)
 
     def close(self) -> None:
+        if self.engine is not None and hasattr(self.engine, "close"):
+            self.engine.close()
         self.engine = None
 
     def profile(self):
@@ -93,4 +102,6 @@ class LenserveBackend(Backend):
         # The client holds the result when step() returns it: that, not the engine's internal
         # stamp, ends the JCT.
         return RequestRecord(req.request_id, req.prompt_len, req.output_len, flight.arrival_time,
-                             times, now, error)
+                             times, now, error,
+                             predicted_len=metrics.predicted_output_len if metrics else None,
+                             prediction_source=metrics.prediction_source if metrics else None)

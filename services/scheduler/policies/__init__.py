@@ -32,5 +32,8 @@ def make_policy(name: str, config: SchedulerConfig,
     dict, or the policy's config object. Unknown names and keys raise ValueError."""
     cls = policy_class(name)
     if not isinstance(options, PolicyConfig):
-        options = parse_policy_config(cls.config_class, options)
+        try:
+            options = parse_policy_config(cls.config_class, options)
+        except ValueError as exc:
+            raise ValueError(f"policy {name!r}: {exc}") from None
     return cls(config, options)

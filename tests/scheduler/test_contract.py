@@ -1,0 +1,54 @@
+"""SchedulerOutput -> ExecutorInput -> executor.proto -> ExecutorInput, every field."""
+from __future__ import annotations
+
+import dataclasses
+
+from lenserve_contract.sampling_params import SamplingParams
+from services.executor import convert
+from services.executor.types import (
+    ExecutorInput,
+    ExecutorOutput,
+    IterationTimings,
+    ScheduledSequence,
+)
+
+
+def full_input() -> ExecutorInput:
+    params = SamplingParams(temperature=0.5, top_k=7, top_p=0.9, seed=3, max_tokens=11,
+                            min_tokens=2, stop=["x", "yz"], stop_token_ids=[4, 5], ignore_eos=True)
+    seqs = [ScheduledSequence("a", [1, 2, 3], 0, [4, 5], False, params, 0, False),
+            ScheduledSequence("b", [9], 17, [8], True, SamplingParams(), 3, True)]
+    return ExecutorInput(iteration=41, sequences=seqs, copy_blocks=[(1, 2), (3, 4)],
+                         finished_request_ids=["gone", "also-gone"], waves=[[1], [0]],
+                         swap_out=[(5, 0), (6, 1)], swap_in=[(2, 9)], swap_buffer="shm-x")
+
+
+def test_every_input_field_is_set_and_survives_the_round_trip():
+    batch = full_input()
+    for f in dataclasses.fields(ExecutorInput):         # a new field must be set here too
+        assert getattr(batch, f.name) not in (None, [], "", 0), f.name
+    for f in dataclasses.fields(ScheduledSequence):
+        assert any(getattr(s, f.name) not in (None, [], "") for s in batch.sequences), f.name
+    back = convert.input_from_proto(convert.input_to_proto(batch))
+    assert back == batch
+
+
+def test_no_waves_stays_none():
+    batch = ExecutorInput(1, [])
+    assert convert.input_from_proto(convert.input_to_proto(batch)).waves is None
+
+
+def test_every_output_field_survives_the_round_trip():
+    timings = IterationTimings(1.5, 0.25, 0.125, 2.0, 0.5, [0.125, 0.125])
+    for f in dataclasses.fields(IterationTimings):
+        assert getattr(timings, f.name) not in (0.0, []), f.name
+    out = ExecutorOutput(7, {"a": 5, "b": 6}, {"a": -0.5, "b": -1.25}, timings)
+    back = convert.output_from_proto(convert.output_to_proto(out))
+    assert back == out
+
+
+def test_the_proto_bytes_parse_back():
+    from lenserve_contract.proto import executor_pb2
+    data = convert.input_to_proto(full_input()).SerializeToString()
+    msg = executor_pb2.ExecuteRequest.FromString(data)
+    assert convert.input_from_proto(msg) == full_input()
