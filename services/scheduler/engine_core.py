@@ -168,6 +168,8 @@ class EngineCore:
             self._check_integrity()
         t4 = time.perf_counter()
         self.profile.add(t1 - t0, t3 - t2, result.timings, t4 - t3, t4 - t0, kv_s=t2 - t1)
+        if self.predictions is not None:
+            self.profile.predictor_s = self.predictions.busy_s
         return outputs
 
     def _apply_predictions(self) -> None:

@@ -24,6 +24,7 @@ class StepProfile:
     sample_s: float = 0.0
     update_s: float = 0.0       # folding results back, stop checks, detokenizing outputs
     kv_s: float = 0.0           # swap starts and swap-in waits on the loop
+    predictor_s: float = 0.0    # prediction/observe work on the predictor thread (off the loop)
 
     def add(self, schedule_s: float, executor_s: float, timings: IterationTimings,
             update_s: float, step_s: float, kv_s: float = 0.0) -> None:
@@ -45,6 +46,8 @@ class StepProfile:
         out = asdict(self)
         out["other_s"] = (self.step_s - self.schedule_s - self.executor_s - self.update_s
                           - self.kv_s)
+        out.pop("predictor_s")
+        out["predictor_offloop_s"] = self.predictor_s
         return out
 
     def summary(self) -> str:
@@ -54,5 +57,8 @@ class StepProfile:
         parts = ["forward_s", "attention_s", "sample_s", "schedule_s", "kv_s", "update_s",
                  "other_s"]
         share = ", ".join(f"{k[:-2]} {100 * d[k] / self.step_s:.1f}%" for k in parts)
-        return (f"{self.steps} steps, {1e3 * self.step_s / self.steps:.1f} ms/step: {share} "
+        text = (f"{self.steps} steps, {1e3 * self.step_s / self.steps:.1f} ms/step: {share} "
                 f"(attention is part of forward)")
+        if self.predictor_s:
+            text += f"; predictor thread {self.predictor_s:.2f}s off the loop"
+        return text

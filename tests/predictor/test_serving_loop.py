@@ -18,12 +18,16 @@ PROMPTS = ["Write a haiku about rain.", "Explain quantum computing in detail, wi
            "Say hi.", "List ten facts about Mars."]
 
 
+SEED_TOPICS = ["sourdough loaf", "cheesecake", "lasagna", "pizza"]
+
+
 def seed_file(tmp_path, n=40):
     path = tmp_path / "seed.jsonl.gz"
     with gzip.open(path, "wt") as f:
         for i in range(n):
-            f.write(json.dumps({"prompt": f"{PROMPTS[i % 4]} ({i})", "output_len": 5 + i % 4})
-                    + "\n")
+            # Unlike the served prompts, so that what is learnt from them is not averaged away.
+            f.write(json.dumps({"prompt": f"Recipe {i}: how long to bake a {SEED_TOPICS[i % 4]}?",
+                                "output_len": 100 + i}) + "\n")
     return path
 
 
@@ -61,7 +65,7 @@ def test_embedded_predictions_and_learning_from_completions(tmp_path):
         assert pump.flush(60) and pump.num_predicted == 4
         core = pump.predictor.core
         vectors, lengths = core.export("fake")
-        assert len(lengths) >= 8       # seeded (near-identical prompts merge into one point)
+        assert len(lengths) >= 8 + 4   # seeded, then one point per served prompt
         # The completions taught the DB: each prompt now retrieves its own served length.
         preds = core.predict(PROMPTS, "fake")
         assert [p.length for p in preds] == [5, 5, 5, 5]
