@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.policies.econoserve import EconoServePolicy
 from services.scheduler.policies.orca import OrcaPolicy, StaticPolicy
 from services.scheduler.policies.vllm import VllmPolicy
 from services.scheduler.policy import Policy, PolicyConfig, parse_policy_config
@@ -10,6 +11,7 @@ POLICIES: dict[str, type[Policy]] = {
     VllmPolicy.name: VllmPolicy,
     OrcaPolicy.name: OrcaPolicy,
     StaticPolicy.name: StaticPolicy,
+    EconoServePolicy.name: EconoServePolicy,
 }
 
 
