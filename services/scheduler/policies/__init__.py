@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.policies.econoserve import EconoServePolicy
+from services.scheduler.policies.fluidinfer import FluidInferPolicy
 from services.scheduler.policies.orca import OrcaPolicy, StaticPolicy
+from services.scheduler.policies.sarathi import SarathiPolicy
 from services.scheduler.policies.vllm import VllmPolicy
 from services.scheduler.policy import Policy, PolicyConfig, parse_policy_config
 
@@ -12,6 +14,8 @@ POLICIES: dict[str, type[Policy]] = {
     OrcaPolicy.name: OrcaPolicy,
     StaticPolicy.name: StaticPolicy,
     EconoServePolicy.name: EconoServePolicy,
+    FluidInferPolicy.name: FluidInferPolicy,
+    SarathiPolicy.name: SarathiPolicy,
 }
 
 
