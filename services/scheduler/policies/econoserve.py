@@ -172,6 +172,8 @@ class EconoServePolicy(Policy):
             group = self._group(head)
             members = [r for r in self.gts.ordered() if self._group(r) == group]
             for req in [head] + [r for r in members if r is not head]:
+                if req not in self.gts:
+                    continue                              # hosted by an earlier member
                 if tokens <= 0 or self.gts.size_of(req) > self._free_for_gts(state):
                     break                                 # split the group: KV is full
                 tokens = self._activate(state, output, req, tokens)
