@@ -17,7 +17,8 @@ def workload(engine, seed, n=24):
     for i in range(n):
         max_tokens = rng.randint(1, 40)
         prediction = rng.choice([None, max_tokens, max(max_tokens // 100, 1), 100 * max_tokens])
-        engine.add_request(str(i), prompt_token_ids=[rng.randint(0, 255) for _ in range(rng.randint(1, 30))],
+        prompt = [rng.randint(0, 255) for _ in range(rng.randint(1, 30))]
+        engine.add_request(str(i), prompt_token_ids=prompt,
                            sampling_params=SamplingParams(temperature=0, max_tokens=max_tokens),
                            predicted_output_len=prediction)
     return {k: v.outputs[0].token_ids for k, v in run_to_completion(engine).items()}
@@ -28,10 +29,14 @@ def tight(policy, **kw):
                        eos_period=7, **kw)
 
 
+def roomy_vllm():
+    return make_engine("vllm", num_gpu_blocks=256, max_model_len=80, eos_period=7)
+
+
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("policy", POLICIES)
 def test_random_workload_matches_vllm(policy, seed):
-    reference = workload(make_engine("vllm", num_gpu_blocks=256, max_model_len=80, eos_period=7), seed)
+    reference = workload(roomy_vllm(), seed)
     got = workload(tight(policy), seed)
     assert got == reference and len(got) == 24
 
@@ -50,7 +55,7 @@ class WaveRecorder(FakeExecutor):
 def test_fluidinfer_waves_keep_tokens_identical():
     executor = WaveRecorder(num_gpu_blocks=24, block_size=4, max_model_len=80, eos_period=7)
     got = workload(tight("fluidinfer", executor=executor, policy_config=("wave_kv_blocks=6",)), 0)
-    reference = workload(make_engine("vllm", num_gpu_blocks=256, max_model_len=80, eos_period=7), 0)
+    reference = workload(roomy_vllm(), 0)
     assert executor.waves and got == reference
 
 
@@ -59,7 +64,8 @@ def test_econoserve_under_prediction_recomputes_and_never_swaps():
     rng = random.Random(5)
     for i in range(12):
         engine.add_request(str(i), prompt_token_ids=[rng.randint(0, 255) for _ in range(8)],
-                           sampling_params=SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+                           sampling_params=SamplingParams(temperature=0, max_tokens=40,
+                                                          ignore_eos=True),
                            predicted_output_len=1)
     got = {k: v.outputs[0].token_ids for k, v in run_to_completion(engine).items()}
     stats = engine.stats()

@@ -245,7 +245,9 @@ class EconoServePolicy(Policy):
                 return
             self.pts.remove(req)
             # Without chunking an oversized prompt runs whole, alone.
-            n = min(req.num_tokens, tokens) if self.config.enable_chunked_prefill else req.num_tokens
+            n = req.num_tokens
+            if self.config.enable_chunked_prefill:
+                n = min(n, tokens)
             self.prefilling[req.request_id] = req
             self.keys[req.request_id] = self._key(req, 0, req.num_tokens)
             output.add(req, n)

@@ -61,7 +61,9 @@ def _fill(remaining, bubble: int, blocks: list[int], kv_left: int, wave: list[in
 
 def _take(remaining, max_cost: int | None, blocks: list[int], kv_left: int):
     """Remove and return the costliest item with cost <= ``max_cost`` whose blocks fit."""
-    end = len(remaining) if max_cost is None else bisect.bisect_right(remaining, (max_cost, 1 << 62))
+    end = len(remaining)
+    if max_cost is not None:
+        end = bisect.bisect_right(remaining, (max_cost, 1 << 62))
     for j in range(end - 1, -1, -1):
         if blocks[remaining[j][1]] <= kv_left:
             return remaining.pop(j)
