@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.policies.econoserve import EconoServePolicy
+from services.scheduler.policies.fluidinfer import FluidInferPolicy
 from services.scheduler.policies.orca import OrcaPolicy, StaticPolicy
+from services.scheduler.policies.sarathi import SarathiPolicy
 from services.scheduler.policies.vllm import VllmPolicy
 from services.scheduler.policy import Policy, PolicyConfig, parse_policy_config
 
@@ -10,6 +13,9 @@ POLICIES: dict[str, type[Policy]] = {
     VllmPolicy.name: VllmPolicy,
     OrcaPolicy.name: OrcaPolicy,
     StaticPolicy.name: StaticPolicy,
+    EconoServePolicy.name: EconoServePolicy,
+    FluidInferPolicy.name: FluidInferPolicy,
+    SarathiPolicy.name: SarathiPolicy,
 }
 
 

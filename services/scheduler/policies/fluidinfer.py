@@ -1,0 +1,152 @@
+"""FluidInfer (report, 2024): no batch size for the non-attention layers, attention in waves.
+
+Every resident request's pending tokens go through the token-wise layers in one pass: the
+iteration is bounded by the token budget only, never by ``max_num_seqs``. Attention, the only
+part that needs KV on the device, runs in waves (``SchedulerOutput.waves``) packed greedily by
+``waves.pack_waves`` under a per-wave KV bound, long prefills beside short decodes.
+
+With a host KV tier (``state.num_host_blocks > 0``) the resident set cycles like the report's
+swap pipeline: a wave's worth of the longest-resident decodes is offloaded while swapped
+requests are uploaded as blocks free (a swap-out's blocks come back after its copy, so an
+offload this iteration makes room for an upload the next). The wave bound is then half the
+device pool, one half computing while the other is refilled. Without a host tier nothing is
+swapped and a request that cannot grow preempts by recompute, as in vLLM.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from services.scheduler.output import Budget, SchedulerOutput
+from services.scheduler.policies.fcfs import FcfsPolicy
+from services.scheduler.policies.waves import attention_cost, pack_waves
+from services.scheduler.policy import PolicyConfig
+from services.scheduler.request import Request, RequestStatus
+from services.scheduler.state import SchedulerState
+
+_RUNNING = RequestStatus.RUNNING
+
+
+@dataclass(frozen=True)
+class FluidInferConfig(PolicyConfig):
+    wave_kv_blocks: int = 0         # device KV per attention wave; 0: pool (half with a host tier)
+    max_swaps_per_step: int = 4     # requests offloaded (and uploaded) per iteration
+
+
+class FluidInferPolicy(FcfsPolicy):
+    name = "fluidinfer"
+    config_class = FluidInferConfig
+
+    def __init__(self, config, policy_config=None):
+        super().__init__(config, policy_config)
+        o = self.options
+        if o.wave_kv_blocks < 0 or o.max_swaps_per_step < 0:
+            raise ValueError("fluidinfer: wave_kv_blocks and max_swaps_per_step must be >= 0")
+        if o.wave_kv_blocks > config.num_gpu_blocks:
+            raise ValueError(f"fluidinfer: wave_kv_blocks {o.wave_kv_blocks} exceeds the "
+                             f"{config.num_gpu_blocks}-block device pool")
+        self.swapped: deque[Request] = deque()
+
+    def remove_request(self, request: Request) -> None:
+        if request.status is RequestStatus.SWAPPED:
+            self.swapped.remove(request)
+        super().remove_request(request)
+
+    def num_queued(self) -> int:
+        return len(self.waiting) + len(self.swapped)
+
+    def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
+        output = state.new_output()
+        if state.num_host_blocks and self.swapped:
+            self._cycle(state, output)
+        tokens = self._schedule_running(state, output, budget.max_num_batched_tokens)
+        if not output.preempted:
+            tokens = self._admit(state, output, tokens)
+        output.waves = self._waves(state, output)
+        return output
+
+    def _wave_kv_blocks(self, state: SchedulerState) -> int:
+        if self.options.wave_kv_blocks:
+            return self.options.wave_kv_blocks
+        pool = self.config.num_gpu_blocks
+        return max(pool // 2, 1) if state.num_host_blocks else pool
+
+    # -- resident set ------------------------------------------------------------------
+    def _cycle(self, state: SchedulerState, output: SchedulerOutput) -> None:
+        """Upload swapped requests while blocks are free; when the next one does not fit,
+        offload the longest-resident requests instead (they sit out this iteration and their
+        blocks, freed after the copy, take the upload of the next)."""
+        for _ in range(min(len(self.swapped), self.options.max_swaps_per_step)):
+            if not state.swap_in(self.swapped[0], output):
+                self._offload(state, output)
+                return
+            self.swapped.popleft()
+
+    def _offload(self, state: SchedulerState, output: SchedulerOutput) -> None:
+        uploaded = {rid for rid, _ in output.swapped_in}
+        resident = [r for r in state.running.values() if r.request_id not in uploaded]
+        for req in resident[:self.options.max_swaps_per_step]:
+            if not state.swap_out(req, output):
+                return
+            self.swapped.append(req)
+
+    def _schedule_running(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
+        allocate = state.block_manager.allocate_slots
+        for req in list(state.running.values()):
+            if tokens <= 0:
+                break
+            if req.status is not _RUNNING:
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, tokens)
+            if allocate(req.request_id, req.num_computed_tokens + n) or self._make_room(
+                    state, output, req, n):
+                output.add(req, n)
+                tokens -= n
+        return tokens
+
+    def _make_room(self, state: SchedulerState, output: SchedulerOutput, req: Request,
+                   n: int) -> bool:
+        """Evict the latest-admitted request not yet in the batch: to the host when it has
+        room (the request then waits for the copy), else by recompute."""
+        allocate = state.block_manager.allocate_slots
+        taken = {r.request_id for r, _ in output.scheduled}
+        while True:
+            victim = next((r for r in reversed(state.running.values())
+                           if r.request_id not in taken), req)
+            if state.num_host_blocks and state.can_swap_out(victim):
+                state.swap_out(victim, output)      # its blocks free after the copy
+                self.swapped.append(victim)
+                return False
+            state.preempt(victim, output)
+            self.waiting.appendleft(victim)
+            if victim is req:
+                return False
+            if allocate(req.request_id, req.num_computed_tokens + n):
+                return True
+
+    def _admit(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
+        # No max_num_seqs: the token budget and free blocks alone bound the resident set.
+        waiting = self.waiting
+        while waiting and tokens > 0 and not self.swapped:
+            req = waiting[0]
+            n = req.num_tokens - req.num_computed_tokens
+            if n > tokens:
+                # Without chunking a prompt must run whole; an oversized one runs alone.
+                if self.config.enable_chunked_prefill:
+                    n = tokens
+                elif output.scheduled:
+                    break
+            if not state.admit(req, req.num_computed_tokens + n):
+                break
+            waiting.popleft()
+            output.add(req, n)
+            tokens -= n
+        return tokens
+
+    # -- attention waves -----------------------------------------------------------------
+    def _waves(self, state: SchedulerState, output: SchedulerOutput) -> list[list[int]] | None:
+        bm = state.block_manager
+        costs = [attention_cost(r.num_computed_tokens, n) for r, n in output.scheduled]
+        blocks = [bm.num_blocks_of(r.request_id) for r, _ in output.scheduled]
+        waves = pack_waves(costs, blocks, self._wave_kv_blocks(state))
+        return waves if len(waves) > 1 else None

@@ -1,0 +1,107 @@
+import pytest
+from sched_helpers import add, make_request, make_scheduler, scheduled, step
+
+from services.scheduler.policies import make_policy
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.request import Prediction
+
+
+def econo(*options, **overrides):
+    return make_scheduler("econoserve", policy_config=options, **overrides)
+
+
+def drain(s, limit=500):
+    finished_at = {}
+    for i in range(limit):
+        if not s.has_unfinished_requests():
+            return finished_at
+        out, _ = step(s, float(i))
+        for r, _ in out.scheduled:
+            if r.is_finished:
+                finished_at[r.request_id] = i
+    raise AssertionError("did not drain")
+
+
+def test_a_time_synced_group_starts_and_finishes_together():
+    s = econo("padding_ratio=0", "enable_pipelining=false")
+    reqs = [make_request("a", 4, 6, predicted_output_len=6, slo_deadline_s=10),
+            make_request("long", 4, 30, predicted_output_len=30, slo_deadline_s=10),
+            make_request("b", 4, 6, predicted_output_len=6, slo_deadline_s=10)]
+    add(s, *reqs)
+    step(s)                                    # three prompts; all become queued GTs
+    out, _ = step(s)
+    assert scheduled(out) == {"a": 1, "long": 1, "b": 1}
+    done = drain(s)
+    assert done["a"] == done["b"] < done["long"]
+
+
+def test_exact_allocation_sizes_kv_by_padded_prediction_or_upper_quantile():
+    s = econo("padding_ratio=0.5", "enable_pipelining=false")
+    (a,) = add(s, make_request("a", 4, 100, predicted_output_len=8))
+    step(s)
+    step(s)
+    assert s.block_manager.num_blocks_of("a") == 4          # 4 prompt + 12 output tokens
+    q = econo("use_upper_quantile=true", "enable_pipelining=false")
+    (b,) = add(q, make_request("b", 4, 100))
+    q.set_prediction("b", Prediction(8, 20))
+    step(q)
+    step(q)
+    assert q.block_manager.num_blocks_of("b") == 6          # 4 + 20 tokens
+
+
+def test_a_hosted_gt_borrows_the_second_half_and_returns_it():
+    s = econo("padding_ratio=0")
+    host = make_request("host", 4, 40, predicted_output_len=40, slo_deadline_s=10)
+    guest = make_request("guest", 4, 8, predicted_output_len=8, slo_deadline_s=10)
+    add(s, host, guest)
+    step(s)
+    out, _ = step(s)
+    assert scheduled(out) == {"host": 1, "guest": 1}
+    assert s.policy.lender_of == {"guest": "host"}
+    bm = s.block_manager
+    assert bm.num_blocks_of("host") == 9 and bm.num_blocks_of("guest") == 3   # 2 lent
+    while not guest.is_finished:
+        step(s)
+    assert bm.num_blocks_of("host") == 11 and not s.policy.lender_of   # loan came back
+    drain(s)
+    assert host.num_output_tokens == 40
+
+
+def test_under_prediction_preempts_by_recompute_without_swapping():
+    s = econo("padding_ratio=0", "reserved_kv_fraction=0", "enable_pipelining=false",
+              num_gpu_blocks=8, max_model_len=32, num_host_blocks=16)
+    reqs = [make_request(r, 4, 12, predicted_output_len=1) for r in "abc"]
+    add(s, *reqs)
+    drain(s)
+    assert s.state.num_preemptions > 0
+    assert all(r.num_output_tokens == 12 for r in reqs)
+    assert s.stats().num_free_host_blocks == 16                 # never swapped
+
+
+def test_slo_orders_prompts_before_arrival():
+    s = econo(max_num_batched_tokens=8)
+    add(s, make_request("relaxed", 8, slo_deadline_s=100.0),
+        make_request("urgent", 8, slo_deadline_s=0.1))
+    out, _ = step(s)
+    assert list(scheduled(out)) == ["urgent"]
+
+
+def test_a_prediction_arriving_late_reranks_a_queued_prompt():
+    s = econo(max_num_batched_tokens=8)
+    add(s, make_request("first", 4), make_request("second", 4))
+    assert s.policy.pts.head().request_id == "first"
+    s.set_prediction("first", Prediction(1000, 1000))      # a much later SLO deadline
+    assert s.policy.pts.head().request_id == "second"
+
+
+@pytest.mark.parametrize("option", ["reserved_kv_fraction=1", "reserved_kv_fraction=1.5",
+                                    "buffer_ratio=0.5", "padding_ratio=-1", "no_such_key=1"])
+def test_bad_options_are_refused_at_construction(option):
+    with pytest.raises(ValueError):
+        make_policy("econoserve", SchedulerConfig(num_gpu_blocks=64), [option])
+
+
+def test_a_config_that_leaves_no_generation_kv_is_refused():
+    with pytest.raises(ValueError, match="leaves none"):
+        make_policy("econoserve", SchedulerConfig(num_gpu_blocks=4, max_model_len=16),
+                    ["reserved_kv_fraction=0.9"])

@@ -1,0 +1,94 @@
+import pytest
+from sched_helpers import add, make_request, make_scheduler, scheduled, step
+
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.policies import make_policy
+from services.scheduler.policies.waves import pack_waves
+
+
+def drain(s, limit=1000):
+    outs = []
+    for i in range(limit):
+        if not s.has_unfinished_requests():
+            return outs
+        outs.append(step(s, float(i))[0])
+    raise AssertionError("did not drain")
+
+
+def test_packing_fills_the_bubble_beside_a_long_prefill_with_decodes():
+    # Report Fig. 9: two long prefills, a short one, three decodes.
+    costs = [25, 25, 4, 5, 5, 5]
+    waves = pack_waves(costs, [1] * 6, kv_limit=100)
+    assert waves == [[1, 0, 5, 4, 3, 2]]
+    # A KV bound of 3 blocks closes a wave after three items, longest work first.
+    waves = pack_waves(costs, [1] * 6, kv_limit=3)
+    assert waves == [[1, 0, 5], [4, 3, 2]]
+    assert sorted(i for w in waves for i in w) == list(range(6))
+
+
+def test_an_item_larger_than_the_bound_runs_alone():
+    assert pack_waves([9, 1, 1], [5, 1, 1], kv_limit=2) == [[2, 1], [0]]
+
+
+def test_fluidinfer_splits_attention_into_waves_when_device_kv_is_the_limit():
+    s = make_scheduler("fluidinfer", policy_config=("wave_kv_blocks=4",), max_num_seqs=2)
+    add(s, *(make_request(f"r{i}", 4 + 2 * i, 6) for i in range(5)))
+    out, batch = step(s)
+    assert len(out.scheduled) == 5                   # max_num_seqs does not bound the pass
+    assert out.waves is not None and len(out.waves) > 1
+    assert batch.waves == out.waves
+    bm = s.block_manager
+    for wave in out.waves:
+        if len(wave) > 1:
+            assert sum(bm.num_blocks_of(out.scheduled[i][0].request_id) for i in wave) <= 4
+    assert sorted(i for w in out.waves for i in w) == list(range(5))
+
+
+def test_fluidinfer_without_a_bound_runs_one_wave():
+    s = make_scheduler("fluidinfer")
+    add(s, *(make_request(f"r{i}", 4, 3) for i in range(3)))
+    out, _ = step(s)
+    assert out.waves is None
+
+
+def test_fluidinfer_cycles_requests_through_the_host_tier():
+    s = make_scheduler("fluidinfer", num_host_blocks=32, num_gpu_blocks=8, max_model_len=32,
+                       policy_config=("max_swaps_per_step=2",))
+    reqs = add(s, *(make_request(f"r{i}", 4, 12) for i in range(6)))
+    outs = drain(s)
+    assert any(o.swapped_out for o in outs) and any(o.swapped_in for o in outs)
+    assert all(r.num_output_tokens == 12 for r in reqs)
+    assert s.stats().num_free_host_blocks == 32
+
+
+def test_sarathi_never_stalls_decodes_for_a_long_prompt():
+    s = make_scheduler("sarathi", max_num_batched_tokens=8)
+    add(s, make_request("a", 4, 20), make_request("b", 4, 20))
+    step(s)
+    add(s, make_request("long", 40, 4))
+    for _ in range(6):
+        out, _ = step(s)
+        got = scheduled(out)
+        assert got["a"] == 1 and got["b"] == 1 and got.get("long") == 6
+
+
+def test_sarathi_evicts_a_prefilling_request_before_a_decode():
+    s = make_scheduler("sarathi", num_gpu_blocks=6, max_model_len=24, max_num_batched_tokens=4)
+    a = make_request("a", 4, 16)
+    add(s, a)
+    step(s)
+    add(s, make_request("p", 16, 2))
+    outs = drain(s)
+    preempted = [r.request_id for o in outs for r in o.preempted]
+    assert preempted and "a" not in preempted
+    assert all(scheduled(o).get("a") == 1 for o in outs if not a.is_finished and "a" in scheduled(o))
+
+
+@pytest.mark.parametrize("policy,option", [("fluidinfer", "no_such_key=1"),
+                                           ("fluidinfer", "wave_kv_blocks=1000"),
+                                           ("fluidinfer", "wave_kv_blocks=-1"),
+                                           ("sarathi", "no_such_key=1"),
+                                           ("sarathi", "token_budget=-1")])
+def test_bad_options_are_refused(policy, option):
+    with pytest.raises(ValueError):
+        make_policy(policy, SchedulerConfig(num_gpu_blocks=64), [option])
