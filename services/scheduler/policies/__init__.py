@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.policies.alise import AlisePolicy, OraclePolicy
+from services.scheduler.policies.fastserve import FastServePolicy
+from services.scheduler.policies.ltr import LtrPolicy
 from services.scheduler.policies.orca import OrcaPolicy, StaticPolicy
+from services.scheduler.policies.ssjf import SsjfPolicy
 from services.scheduler.policies.vllm import VllmPolicy
 from services.scheduler.policy import Policy, PolicyConfig, parse_policy_config
 
@@ -10,6 +14,11 @@ POLICIES: dict[str, type[Policy]] = {
     VllmPolicy.name: VllmPolicy,
     OrcaPolicy.name: OrcaPolicy,
     StaticPolicy.name: StaticPolicy,
+    AlisePolicy.name: AlisePolicy,
+    OraclePolicy.name: OraclePolicy,
+    SsjfPolicy.name: SsjfPolicy,
+    LtrPolicy.name: LtrPolicy,
+    FastServePolicy.name: FastServePolicy,
 }
 
 
