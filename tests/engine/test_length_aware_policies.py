@@ -6,8 +6,9 @@ import pytest
 from engine_helpers import make_engine, run_to_completion
 
 from lenserve_contract.sampling_params import SamplingParams
-from services.scheduler.policies import make_policy
+from services.executor.fake import FakeExecutor
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.policies import make_policy
 
 POLICIES = ["alise", "oracle", "ssjf", "ltr", "fastserve"]
 
@@ -51,3 +52,54 @@ def test_bad_config_that_cannot_fit_the_pool_is_refused(policy):
     with pytest.raises(ValueError, match="watermark_blocks"):
         make_policy(policy, cfg, ["watermark_blocks=1"])
     make_policy(policy, cfg)            # the defaults fit
+
+
+def _finish_steps(engine) -> dict[str, int]:
+    steps = {}
+    for i in range(1000):
+        if not engine.has_unfinished_requests():
+            return steps
+        steps.update((o.request_id, i) for o in engine.step() if o.finished)
+    raise AssertionError("engine did not drain")
+
+
+@pytest.mark.parametrize("policy, short_first", [("vllm", False), ("alise", True),
+                                                 ("oracle", True), ("fastserve", True)])
+def test_a_short_request_behind_long_ones_finishes_first_only_when_preemptive(policy,
+                                                                              short_first):
+    oracle = policy == "oracle"
+    engine = make_engine(policy, max_num_seqs=2, predictor="oracle" if oracle else "none")
+    for rid, n in (("long1", 60), ("long2", 60)):
+        engine.add_request(rid, prompt_token_ids=[50] * 8, true_output_len=n,
+                           predicted_output_len=None if oracle else n,
+                           sampling_params=SamplingParams(max_tokens=n, ignore_eos=True))
+    if oracle:
+        engine.predictions.flush()
+    for _ in range(5):
+        engine.step()                     # both long requests are running
+    engine.add_request("short", prompt_token_ids=[60] * 8, true_output_len=3,
+                       predicted_output_len=None if oracle else 3,
+                       sampling_params=SamplingParams(max_tokens=3, ignore_eos=True))
+    if oracle:
+        engine.predictions.flush()
+    steps = _finish_steps(engine)
+    assert (steps["short"] < min(steps["long1"], steps["long2"])) is short_first
+    if oracle:
+        assert engine.scheduler.policy.num_demotions == 0
+
+
+def test_the_policy_fits_the_model_from_measured_iteration_times():
+    ex = FakeExecutor(num_gpu_blocks=64, block_size=4, max_model_len=128,
+                      cost_per_iteration_s=0.004, cost_per_token_s=0.001)
+    engine = make_engine("alise", executor=ex)
+    for i in range(12):
+        engine.add_request(f"r{i}", prompt_token_ids=[40 + i] * (3 + 5 * i),
+                           sampling_params=SamplingParams(max_tokens=4 + 3 * i, ignore_eos=True))
+        engine.step()
+    while engine.has_unfinished_requests():
+        engine.step()
+    model = engine.scheduler.policy.model
+    assert model.fitted
+    t0, alpha, beta, c = model.coefficients
+    assert t0 == pytest.approx(0.001, rel=0.05) and beta == pytest.approx(0.001, rel=0.1)
+    assert c == pytest.approx(0.004, rel=0.1)

@@ -115,23 +115,3 @@ def test_the_time_model_recovers_known_coefficients():
     assert model.fitted
     assert model.coefficients == pytest.approx((t0, alpha, beta, c), rel=1e-3)
     assert model.estimate(100, 50, 10) == pytest.approx(100 * t0 + 10 * (alpha * 50 + beta))
-
-
-def test_the_policy_fits_the_model_from_measured_iteration_times():
-    from engine_helpers import make_engine
-    from services.executor.fake import FakeExecutor
-    from lenserve_contract.sampling_params import SamplingParams
-    ex = FakeExecutor(num_gpu_blocks=64, block_size=4, max_model_len=128,
-                      cost_per_iteration_s=0.004, cost_per_token_s=0.001)
-    engine = make_engine("alise", executor=ex)
-    for i in range(12):
-        engine.add_request(f"r{i}", prompt_token_ids=[40 + i] * (3 + 5 * i),
-                           sampling_params=SamplingParams(max_tokens=4 + 3 * i, ignore_eos=True))
-        engine.step()
-    while engine.has_unfinished_requests():
-        engine.step()
-    model = engine.scheduler.policy.model
-    assert model.fitted
-    t0, alpha, beta, c = model.coefficients
-    assert t0 == pytest.approx(0.001, rel=0.05) and beta == pytest.approx(0.001, rel=0.1)
-    assert c == pytest.approx(0.004, rel=0.1)
