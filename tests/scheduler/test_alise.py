@@ -26,7 +26,8 @@ def _finish_order(s, requests, now=0.0, arrivals=None, max_steps=500):
 
 @pytest.mark.parametrize("demotion, first", [("true", "b"), ("false", "a")])
 def test_an_under_predicted_request_is_demoted_behind_a_shorter_one(demotion, first):
-    s = _alise(options=["aging_rate=0", f"demotion={demotion}"], max_num_seqs=1)
+    s = _alise(options=["aging_rate=0", "preempt_margin_s=0", f"demotion={demotion}"],
+               max_num_seqs=1)
     a = make_request("a", 4, max_tokens=30, predicted_output_len=2)    # really 30 long
     b = make_request("b", 4, max_tokens=6, predicted_output_len=6)
     add(s, a, b)
@@ -91,8 +92,8 @@ def test_an_evicted_request_is_swapped_unless_the_host_tier_is_full(host_blocks,
 
 
 def test_a_late_prediction_re_ranks_a_queued_request():
-    s = _alise(options=["aging_rate=0", "default_from_median=false", "default_output_len=50"],
-               max_num_seqs=1)
+    s = _alise(options=["aging_rate=0", "preempt_margin_s=0", "default_from_median=false",
+                        "default_output_len=50"], max_num_seqs=1)
     a = make_request("a", 4, max_tokens=20, predicted_output_len=20)
     b = make_request("b", 4, max_tokens=60)            # no prediction yet: assumed 50 long
     add(s, a, b)
@@ -101,6 +102,16 @@ def test_a_late_prediction_re_ranks_a_queued_request():
     s.set_prediction("b", type(a.prediction)(3, 3))
     step(s)
     assert b.status is RequestStatus.RUNNING and a.status is RequestStatus.PREEMPTED
+
+
+def test_the_preemption_margin_stops_near_equal_requests_trading_places():
+    def preemptions(margin):
+        s = _alise(options=["aging_rate=0.5", f"preempt_margin_s={margin}"], max_num_seqs=1)
+        reqs = add(s, *(make_request(f"r{i}", 4, 30, predicted_output_len=30) for i in range(3)))
+        _finish_order(s, reqs)
+        return s.state.num_preemptions
+
+    assert preemptions(0.0) > 10 * max(1, preemptions(5.0))
 
 
 def test_the_time_model_recovers_known_coefficients():

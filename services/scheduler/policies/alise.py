@@ -12,6 +12,9 @@
   and so drops to a lower priority; a prediction 100x too short costs ~7 doublings.
 * A request without a prediction is ranked with ``LengthDefaults`` (running median of finished
   lengths) and re-ranked when its prediction arrives (``on_prediction``).
+* Hysteresis: a queued request evicts a resident only when better by ``preempt_margin_s``
+  plus the victim's recompute time, so two near-equal aging requests do not trade places
+  every iteration.
 * Preempted KV (Eq. 6-7, Alg. 2): residents that are not served stay on the device while their
   estimated wait EWT is short; a paused resident whose EWT reaches ``swap_wait_s`` is offloaded
   to the host tier ahead of need when others are queued; a resident evicted for a better
@@ -46,6 +49,10 @@ class AliseConfig(RankedConfig):
     kv_int8: bool = False            # INT8 for swapped KV; read by the engine's host tier
     nominal_token_s: float = 0.02    # seconds per decode step until the time model is fitted
     demotion: bool = True
+    # A queued request evicts a resident only when better by this much plus the victim's
+    # recompute time: near-equal requests (both aging) would otherwise swap places every
+    # iteration, each switch paying a swap or a recompute.
+    preempt_margin_s: float = 0.5
 
 
 class _Job:
@@ -157,7 +164,9 @@ class AlisePolicy(RankedPolicy):
     def _outranks(self, candidate: Request, resident: Request, state: SchedulerState) -> bool:
         head = self.queues.head()
         key = head[0] if head is not None and head[1] is candidate else float("inf")
-        return key - self.options.aging_rate * state.now < self._keys[resident.request_id]
+        cost = self.options.preempt_margin_s + self.model.estimate(
+            resident.num_computed_tokens, resident.num_prompt_tokens, 0)
+        return key - self.options.aging_rate * state.now + cost < self._keys[resident.request_id]
 
     def _requeue(self, request: Request, state: SchedulerState) -> None:
         self._push(request)
