@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.policies.alise import AlisePolicy, OraclePolicy
 from services.scheduler.policies.econoserve import EconoServePolicy
+from services.scheduler.policies.fastserve import FastServePolicy
 from services.scheduler.policies.fluidinfer import FluidInferPolicy
+from services.scheduler.policies.ltr import LtrPolicy
 from services.scheduler.policies.orca import OrcaPolicy, StaticPolicy
 from services.scheduler.policies.sarathi import SarathiPolicy
+from services.scheduler.policies.ssjf import SsjfPolicy
 from services.scheduler.policies.vllm import VllmPolicy
 from services.scheduler.policy import Policy, PolicyConfig, parse_policy_config
 
@@ -13,9 +17,14 @@ POLICIES: dict[str, type[Policy]] = {
     VllmPolicy.name: VllmPolicy,
     OrcaPolicy.name: OrcaPolicy,
     StaticPolicy.name: StaticPolicy,
+    SarathiPolicy.name: SarathiPolicy,
+    FastServePolicy.name: FastServePolicy,
+    SsjfPolicy.name: SsjfPolicy,
+    LtrPolicy.name: LtrPolicy,
+    AlisePolicy.name: AlisePolicy,
+    OraclePolicy.name: OraclePolicy,
     EconoServePolicy.name: EconoServePolicy,
     FluidInferPolicy.name: FluidInferPolicy,
-    SarathiPolicy.name: SarathiPolicy,
 }
 
 

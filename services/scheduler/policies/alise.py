@@ -1,0 +1,239 @@
+"""ALISE (paper 001): preemptive, iteration-level shortest-remaining-time scheduling.
+
+* Remaining time: (predicted length - tokens generated) decode steps plus any prefill still
+  due, in seconds by the execution-time model of Eq. 3-5 (``time_model.py``), fitted online
+  from the executor's measured iteration times; token counts until it is fitted.
+* Priority queues bucketed by remaining time, with virtual aging (``alise_queues.py``): every
+  second a request waits (queued, or resident but paused) lowers its priority key by
+  ``aging_rate`` seconds, and the credit is kept once it runs, so a long request that aged
+  past the head is not thrown out again by the next short one. ``worst_wait_s`` is the longest
+  single wait seen.
+* Demotion: a request that reaches its predicted length gets the prediction doubled (Sec. 3.1)
+  and so drops to a lower priority; a prediction 100x too short costs ~7 doublings.
+* A request without a prediction is ranked with ``LengthDefaults`` (running median of finished
+  lengths) and re-ranked when its prediction arrives (``on_prediction``).
+* Hysteresis: a queued request evicts a resident only when better by ``preempt_margin_s``
+  plus the victim's recompute time, so two near-equal aging requests do not trade places
+  every iteration.
+* Preempted KV (Eq. 6-7, Alg. 2): residents that are not served stay on the device while their
+  estimated wait EWT is short; a paused resident whose EWT reaches ``swap_wait_s`` is offloaded
+  to the host tier ahead of need when others are queued; a resident evicted for a better
+  request is swapped, or recomputed when the host tier is full or absent (or ``swap=false``).
+  EWT = min(work ranked ahead / requests served per iteration, time for aging to lift it to the
+  head). The paper sums the work ahead; dividing by the batch accounts for that work running
+  concurrently.
+
+Queued requests keep the key computed when they were queued; the time model is refitted only
+every few iterations and its coefficients settle after warm-up, so the skew is small, and the
+model's first fit (the switch from token counts to seconds) re-keys the queue once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.scheduler.output import SchedulerOutput
+from services.scheduler.policies.alise_queues import PriorityQueues
+from services.scheduler.policies.length_stats import max_output_len
+from services.scheduler.policies.ranked import RankedConfig, RankedPolicy, _Pass
+from services.scheduler.policies.time_model import ExecutionTimeModel
+from services.scheduler.request import Prediction, Request, RequestStatus
+from services.scheduler.state import SchedulerState
+
+
+@dataclass(frozen=True)
+class AliseConfig(RankedConfig):
+    aging_rate: float = 0.1          # priority seconds gained per second waited (0: no aging)
+    num_queues: int = 8
+    queue_base_s: float = 1.0        # queue q holds remaining times up to base * 2^q
+    swap_wait_s: float = 2.0         # paused residents expected to wait this long are offloaded
+    kv_int8: bool = False            # INT8 for swapped KV; read by the engine's host tier
+    nominal_token_s: float = 0.02    # seconds per decode step until the time model is fitted
+    demotion: bool = True
+    # A queued request evicts a resident only when better by this much plus the victim's
+    # recompute time: near-equal requests (both aging) would otherwise swap places every
+    # iteration, each switch paying a swap or a recompute.
+    preempt_margin_s: float = 0.5
+
+
+class _Job:
+    """ALISE's view of one request."""
+
+    __slots__ = ("length", "since", "waited")
+
+    def __init__(self, length: int, since: float):
+        self.length = length             # predicted output length in force
+        self.waited = 0.0                # seconds waited in earlier stints
+        self.since: float | None = since  # start of the current wait; None while served
+
+
+class AlisePolicy(RankedPolicy):
+    name = "alise"
+    config_class = AliseConfig
+
+    def __init__(self, config, policy_config=None):
+        super().__init__(config, policy_config)
+        opts = self.options
+        if opts.num_queues < 1 or opts.aging_rate < 0 or opts.queue_base_s <= 0:
+            raise ValueError(f"{self.name}: need num_queues >= 1, aging_rate >= 0, "
+                             "queue_base_s > 0")
+        self.model = ExecutionTimeModel(opts.nominal_token_s)
+        self.queues = PriorityQueues(opts.num_queues, opts.queue_base_s)
+        self.jobs: dict[str, _Job] = {}
+        self._keys: dict[str, float] = {}    # this iteration's resident keys...
+        self._remaining: dict[str, float] = {}   # ...and remaining times
+        self._was_fitted = False
+        self.worst_wait_s = 0.0
+        self.num_demotions = 0
+        self.now = 0.0
+
+    # -- estimates -----------------------------------------------------------------------------
+    def remaining_s(self, req: Request) -> float:
+        job = self.jobs[req.request_id]
+        cap = max_output_len(req, self.config.max_model_len)
+        decodes = max(1, min(job.length, cap) - req.num_output_tokens)
+        prefill = max(0, req.num_tokens - req.num_computed_tokens - 1)
+        return self.model.estimate(prefill, req.num_prompt_tokens, decodes)
+
+    def _waited(self, job: _Job, now: float) -> float:
+        return job.waited + (now - job.since if job.since is not None else 0.0)
+
+    # -- queue ---------------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        self.jobs[request.request_id] = _Job(self.lengths.length_of(request),
+                                             request.metrics.arrival_time)
+        self._push(request)
+
+    def _push(self, req: Request) -> None:
+        job, rate = self.jobs[req.request_id], self.options.aging_rate
+        if job.since is None:
+            job.since = self.now
+        remaining = self.remaining_s(req)
+        aged = remaining - rate * self._waited(job, self.now)
+        key = remaining - rate * job.waited + rate * job.since
+        self.queues.push(req, key, aged, remaining)
+
+    def remove_request(self, request: Request) -> None:
+        self.queues.discard(request)
+        self.jobs.pop(request.request_id, None)
+
+    def num_queued(self) -> int:
+        return len(self.queues)
+
+    def on_prediction(self, request: Request, prediction: Prediction) -> None:
+        job = self.jobs.get(request.request_id)
+        if job is None:
+            return
+        job.length = self._settle(request, max(1, int(prediction.length)))
+        if request in self.queues:
+            self._push(request)          # residents are re-ranked every iteration anyway
+
+    def _settle(self, req: Request, length: int) -> int:
+        while length <= req.num_output_tokens:
+            length *= 2
+        return length
+
+    # -- ranking (RankedPolicy hooks) ----------------------------------------------------------
+    def schedule(self, state: SchedulerState, budget) -> SchedulerOutput:
+        self.now = state.now
+        if self.model.fitted and not self._was_fitted:
+            self._rekey(state)
+        return super().schedule(state, budget)
+
+    def _rekey(self, state: SchedulerState) -> None:
+        # Once per engine lifetime: the estimates switch from token counts to seconds.
+        self._was_fitted = True
+        for req in state.requests.values():
+            if req in self.queues:
+                self._push(req)
+
+    def _rank_residents(self, state: SchedulerState) -> list[Request]:
+        now = state.now
+        rate = self.options.aging_rate
+        self._remaining = {rid: self.remaining_s(r) for rid, r in state.running.items()}
+        self._keys = {rid: rem - rate * self._waited(self.jobs[rid], now)
+                      for rid, rem in self._remaining.items()}
+        return sorted(state.running.values(), key=lambda r: self._keys[r.request_id])
+
+    def _peek(self, state: SchedulerState) -> Request | None:
+        head = self.queues.head()
+        return None if head is None else head[1]
+
+    def _pop(self, request: Request) -> None:
+        self.queues.discard(request)
+
+    def _outranks(self, candidate: Request, resident: Request, state: SchedulerState) -> bool:
+        head = self.queues.head()
+        key = head[0] if head is not None and head[1] is candidate else float("inf")
+        cost = self.options.preempt_margin_s + self.model.estimate(
+            resident.num_computed_tokens, resident.num_prompt_tokens, 0)
+        return key - self.options.aging_rate * state.now + cost < self._keys[resident.request_id]
+
+    def _requeue(self, request: Request, state: SchedulerState) -> None:
+        self._push(request)
+
+    def _on_served(self, request: Request, state: SchedulerState) -> None:
+        job = self.jobs[request.request_id]
+        if job.since is not None:
+            wait = state.now - job.since
+            self.worst_wait_s = max(self.worst_wait_s, wait)
+            job.waited += wait
+            job.since = None
+
+    # -- preempted KV: keep or offload by estimated wait (Eq. 6-7, Alg. 2) --------------------
+    def _after_schedule(self, state: SchedulerState, output: SchedulerOutput, p: _Pass) -> None:
+        served = {r.request_id for r, _ in output.scheduled}
+        paused = [r for r in p.ranked if r.status is RequestStatus.RUNNING
+                  and r.request_id not in served]
+        for req in paused:
+            job = self.jobs[req.request_id]
+            if job.since is None:
+                job.since = state.now
+        if paused and len(self.queues) and self.options.swap and state.num_host_blocks:
+            self._offload(state, output, p, served, paused)
+
+    def _offload(self, state, output, p: _Pass, served: set[str], paused: list[Request]) -> None:
+        ahead, running_sum = {}, 0.0      # work ranked ahead of each resident: prefix sums
+        for r in p.ranked:
+            ahead[r.request_id] = running_sum
+            running_sum += self._remaining.get(r.request_id, 0.0)
+        best = self._keys[p.ranked[0].request_id]
+        for req in paused:
+            ewt = self.estimated_wait_s(req, ahead[req.request_id], len(served), best)
+            if ewt >= self.options.swap_wait_s and state.can_swap_out(req) \
+                    and state.swap_out(req, output):
+                self._push(req)
+
+    def estimated_wait_s(self, req: Request, resident_work_ahead: float, num_served: int,
+                         best_key: float) -> float:
+        """EWT of a paused resident (Eq. 7): the work ranked ahead of it (residents, and the
+        queues above its own, Eq. 6) spread over the batch, or the time aging needs to lift it
+        to the head's priority, whichever is sooner."""
+        mine = self._keys[req.request_id]
+        ahead = resident_work_ahead + self.queues.work_before(self.queues.bucket(mine))
+        ewt = ahead / max(1, num_served)
+        rate = self.options.aging_rate
+        if rate > 0:
+            ewt = min(ewt, max(0.0, (mine - best_key) / rate))
+        return ewt
+
+    # -- learning ------------------------------------------------------------------------------
+    def update(self, output, updated, result=None) -> None:
+        super().update(output, updated, result)
+        self.model.observe_iteration(output, result)
+        if not self.options.demotion:
+            return
+        for req in updated:
+            job = self.jobs.get(req.request_id)
+            if job is not None and not req.is_finished and req.num_output_tokens >= job.length:
+                job.length = self._settle(req, job.length * 2)
+                self.num_demotions += 1
+
+
+class OraclePolicy(AlisePolicy):
+    """Shortest remaining time with the true output lengths: ALISE's scheduler fed exact
+    lengths. Run it with ``predictor=oracle`` (the engine passes ``true_output_len`` to the
+    oracle predictor) or with ``predicted_output_len`` set to the true length. With exact
+    lengths no request outlives its prediction, so demotion never fires; it stays on so a
+    request whose true length was not given degrades to ALISE instead of misbehaving."""
+
+    name = "oracle"

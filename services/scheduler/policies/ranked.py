@@ -1,0 +1,221 @@
+"""The shared iteration loop of the ranked policies (alise, oracle, fastserve, ssjf, ltr).
+
+Each iteration merges two ordered streams: the resident requests (RUNNING: KV on the device),
+ranked best first by the policy, and the head of the policy's waiting queue (new, preempted
+and swapped requests). The better of the two heads is served next while the token budget
+lasts. A queued request that outranks a resident may take its seat or blocks (when preemption
+is on): the worst-ranked resident not yet served this iteration is evicted, its KV swapped to
+the host tier when there is room (else dropped and recomputed later). Residents that are not
+served keep their KV on the device, paused, until they are evicted or resume. Work per
+iteration is O(running log running + admitted log waiting), never O(waiting).
+
+Swap-outs free their device blocks only once the copy finished (after the iteration), so a
+request that needs blocks freed by a swap waits one iteration for them instead of evicting
+more. A resident that cannot grow evicts worse residents; if none is left it stays paused
+(better-ranked requests hold the memory and will finish or evict it), so the loop cannot
+livelock the way self-preemption can.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.scheduler.output import Budget, SchedulerOutput
+from services.scheduler.policies.length_stats import LengthDefaults
+from services.scheduler.policy import Policy, PolicyConfig
+from services.scheduler.request import FinishReason, Request, RequestStatus
+from services.scheduler.state import SchedulerState
+
+_RUNNING, _SWAPPED = RequestStatus.RUNNING, RequestStatus.SWAPPED
+
+
+@dataclass(frozen=True)
+class RankedConfig(PolicyConfig):
+    preemption: bool = True          # a better queued request may evict a resident
+    swap: bool = True                # evicted KV goes to the host tier when it has room
+    watermark_blocks: int = 0        # free blocks an admission leaves for residents to grow
+    default_output_len: int = 128    # assumed length of a request with no prediction yet...
+    default_from_median: bool = True  # ...until finished requests give a running median
+
+
+class _Pass:
+    """One iteration's progress through the ranked residents."""
+
+    __slots__ = ("deferred", "evicted", "head", "queue_blocked", "ranked", "tail", "tokens")
+
+    def __init__(self, ranked: list[Request], tokens: int):
+        self.ranked, self.tokens = ranked, tokens
+        self.head, self.tail = 0, len(ranked) - 1
+        self.deferred = 0                # device blocks freed by this iteration's swap-outs
+        self.evicted: set[str] = set()
+        self.queue_blocked = False
+
+    def next_resident(self) -> Request | None:
+        ranked = self.ranked
+        while self.head < len(ranked) and ranked[self.head].status is not _RUNNING:
+            self.head += 1
+        return ranked[self.head] if self.head < len(ranked) else None
+
+
+class RankedPolicy(Policy):
+    name = "ranked"
+    config_class = RankedConfig
+
+    def __init__(self, config, policy_config=None):
+        super().__init__(config, policy_config)
+        self._check_fits()
+        opts = self.options
+        self.lengths = LengthDefaults(opts.default_output_len,
+                                      use_median=opts.default_from_median)
+
+    def _check_fits(self) -> None:
+        cfg, wm = self.config, self.options.watermark_blocks
+        if wm < 0 or self.options.default_output_len < 1:
+            raise ValueError(f"{self.name}: watermark_blocks must be >= 0 and "
+                             "default_output_len >= 1")
+        if cfg.blocks_for(cfg.max_model_len) + wm > cfg.num_gpu_blocks:
+            raise ValueError(
+                f"{self.name}: watermark_blocks={wm} plus the {cfg.blocks_for(cfg.max_model_len)} "
+                f"blocks of one max_model_len request exceed the KV pool of {cfg.num_gpu_blocks} "
+                "blocks; lower watermark_blocks or max_model_len")
+
+    # -- what a concrete policy provides -------------------------------------------------------
+    def _rank_residents(self, state: SchedulerState) -> list[Request]:
+        """Resident requests, best first."""
+        raise NotImplementedError
+
+    def _peek(self, state: SchedulerState) -> Request | None:
+        """The best queued request, without removing it."""
+        raise NotImplementedError
+
+    def _pop(self, request: Request) -> None:
+        """Remove ``request`` (the last peeked) from the queue: it is being admitted."""
+        raise NotImplementedError
+
+    def _requeue(self, request: Request, state: SchedulerState) -> None:
+        """Queue a request just evicted (swapped or preempted)."""
+        raise NotImplementedError
+
+    def _outranks(self, candidate: Request, resident: Request, state: SchedulerState) -> bool:
+        """Whether the queued ``candidate`` should run before ``resident``."""
+        return False
+
+    def _on_served(self, request: Request, state: SchedulerState) -> None:
+        """``request`` got tokens this iteration."""
+
+    def _after_schedule(self, state: SchedulerState, output: SchedulerOutput, p: _Pass) -> None:
+        """Hook run once the batch is decided (ALISE's proactive offload)."""
+
+    # -- the loop ------------------------------------------------------------------------------
+    def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
+        output = state.new_output()
+        p = _Pass(self._rank_residents(state), budget.max_num_batched_tokens)
+        while p.tokens > 0:
+            resident = p.next_resident()
+            cand = None if p.queue_blocked else self._peek(state)
+            if cand is not None and cand.request_id in p.evicted:
+                cand, p.queue_blocked = None, True     # no re-admission in the same iteration
+            if cand is not None and (resident is None or self._may_preempt(cand, resident, state)):
+                if not self._admit(state, output, p, cand, budget):
+                    p.queue_blocked = True
+                continue
+            if resident is None:
+                break
+            p.head += 1
+            self._run(state, output, p, resident)
+        self._after_schedule(state, output, p)
+        return output
+
+    def _may_preempt(self, candidate: Request, resident: Request, state: SchedulerState) -> bool:
+        return self.options.preemption and self._outranks(candidate, resident, state)
+
+    def _run(self, state: SchedulerState, output: SchedulerOutput, p: _Pass, req: Request) -> None:
+        n = min(req.num_tokens - req.num_computed_tokens, p.tokens)
+        while not state.block_manager.allocate_slots(req.request_id, req.num_computed_tokens + n):
+            victim = self._victim(state, p, req, None)
+            if victim is None:
+                return      # stays paused with its KV; see the module docstring
+            self._evict(state, output, p, victim)
+            # As in vLLM: no admissions in an iteration that evicted for memory.
+            p.queue_blocked = True
+        output.add(req, n)
+        p.tokens -= n
+        self._on_served(req, state)
+
+    def _admit(self, state: SchedulerState, output: SchedulerOutput, p: _Pass, cand: Request,
+               budget: Budget) -> bool:
+        n = self._chunk(cand, p.tokens, output)
+        if n == 0 or not self._make_room(state, output, p, cand, n, budget):
+            return False
+        self._pop(cand)
+        bm, total = state.block_manager, cand.num_computed_tokens + n
+        # _make_room checked the blocks, so neither transition can fail here.
+        if cand.status is _SWAPPED:
+            ok = state.swap_in(cand, output) and bm.allocate_slots(cand.request_id, total)
+        else:
+            ok = state.admit(cand, total)
+        if not ok:
+            raise RuntimeError(f"{self.name}: admitting {cand} failed after room was made")
+        output.add(cand, n)
+        p.tokens -= n
+        self._on_served(cand, state)
+        return True
+
+    def _chunk(self, req: Request, tokens: int, output: SchedulerOutput) -> int:
+        pending = req.num_tokens - req.num_computed_tokens
+        if pending <= tokens or self.config.enable_chunked_prefill:
+            return min(pending, tokens)
+        # Without chunking a prompt runs whole; an oversized one runs alone.
+        return 0 if output.scheduled else pending
+
+    def _make_room(self, state: SchedulerState, output: SchedulerOutput, p: _Pass,
+                   cand: Request, n: int, budget: Budget) -> bool:
+        while len(state.running) >= budget.max_num_seqs:
+            victim = self._victim(state, p, cand, cand)
+            if victim is None:
+                return False
+            self._evict(state, output, p, victim)
+        bm = state.block_manager
+        need = self.config.blocks_for(cand.num_computed_tokens + n) + self.options.watermark_blocks
+        while bm.num_free_blocks < need:
+            if bm.num_free_blocks + p.deferred >= need:
+                return False        # room arrives when this iteration's swap copies finish
+            victim = self._victim(state, p, cand, cand)
+            if victim is None:
+                return False
+            self._evict(state, output, p, victim)
+        return True
+
+    def _victim(self, state: SchedulerState, p: _Pass, beneficiary: Request,
+                candidate: Request | None) -> Request | None:
+        """The worst resident not yet served this iteration, if it may make way."""
+        ranked = p.ranked
+        while p.tail >= p.head:
+            victim = ranked[p.tail]
+            if victim.status is not _RUNNING or victim is beneficiary:
+                p.tail -= 1
+                continue
+            if candidate is not None and not self._may_preempt(candidate, victim, state):
+                return None
+            p.tail -= 1
+            return victim
+        return None
+
+    def _evict(self, state: SchedulerState, output: SchedulerOutput, p: _Pass,
+               victim: Request) -> None:
+        blocks = state.block_manager.num_blocks_of(victim.request_id)
+        if self._swap_out(state, output, victim):
+            p.deferred += blocks
+        else:
+            state.preempt(victim, output)
+        p.evicted.add(victim.request_id)
+        self._requeue(victim, state)
+
+    def _swap_out(self, state: SchedulerState, output: SchedulerOutput, victim: Request) -> bool:
+        # No host tier: recompute without logging a refusal on every eviction.
+        return self.options.swap and state.num_host_blocks > 0 and state.swap_out(victim, output)
+
+    # -- bookkeeping shared by all ranked policies ---------------------------------------------
+    def update(self, output, updated, result=None) -> None:
+        for req in updated:
+            if req.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+                self.lengths.observe(req.num_output_tokens)

@@ -1,0 +1,128 @@
+"""ALISE's mechanisms on hand-built scenarios where they change the order."""
+import numpy as np
+import pytest
+from sched_helpers import add, make_request, make_scheduler, scheduled, step
+
+from services.scheduler.output import Budget
+from services.scheduler.policies.time_model import ExecutionTimeModel
+from services.scheduler.request import RequestStatus
+
+
+def _alise(num_host_blocks=0, options=(), **overrides):
+    return make_scheduler("alise", num_host_blocks=num_host_blocks,
+                          policy_config=tuple(options), **overrides)
+
+
+def _finish_order(s, requests, now=0.0, arrivals=None, max_steps=500):
+    order, arrivals = [], dict(arrivals or {})
+    for i in range(max_steps):
+        add(s, *arrivals.pop(i, []))
+        step(s, now + i)
+        order += [r.request_id for r in requests if r.is_finished and r.request_id not in order]
+        if len(order) == len(requests) and not arrivals:
+            return order
+    raise AssertionError(f"did not drain: {order}")
+
+
+@pytest.mark.parametrize("demotion, first", [("true", "b"), ("false", "a")])
+def test_an_under_predicted_request_is_demoted_behind_a_shorter_one(demotion, first):
+    s = _alise(options=["aging_rate=0", "preempt_margin_s=0", f"demotion={demotion}"],
+               max_num_seqs=1)
+    a = make_request("a", 4, max_tokens=30, predicted_output_len=2)    # really 30 long
+    b = make_request("b", 4, max_tokens=6, predicted_output_len=6)
+    add(s, a, b)
+    assert _finish_order(s, [a, b])[0] == first
+    if demotion == "true":
+        assert s.policy.num_demotions >= 3 and s.policy.jobs.get("a") is None
+
+
+def test_aging_bounds_the_wait_of_a_long_request_behind_a_stream_of_short_ones():
+    def worst_wait(rate):
+        s = _alise(options=[f"aging_rate={rate}"], max_num_seqs=1)
+        long = make_request("long", 4, max_tokens=50, predicted_output_len=50)
+        add(s, long)
+        # One short every two iterations, each two iterations long: the device is never idle.
+        shorts = {i: [make_request(f"s{i}", 4, max_tokens=2, predicted_output_len=2)]
+                  for i in range(1, 160, 2)}
+        for i, (r,) in shorts.items():
+            r.metrics.arrival_time = float(i)
+        everyone = [long] + [r for rs in shorts.values() for r in rs]
+        order = _finish_order(s, everyone, arrivals=shorts)
+        return s.policy.worst_wait_s, order.index("long")
+
+    aged_wait, aged_pos = worst_wait(0.1)
+    starved_wait, starved_pos = worst_wait(0.0)
+    assert starved_pos == 80 and starved_wait > 150     # served only when the stream ends
+    # With aging the long request runs after ~(its time - a short's) / rate of waiting; the
+    # shorts that queue meanwhile wait about its length, not the length of the stream.
+    assert aged_pos < 30 and aged_wait < 70
+
+
+def _three_residents_and_a_queued(num_host_blocks, options, d_predicted):
+    s = _alise(num_host_blocks, options=["aging_rate=0", *options], max_num_seqs=3)
+    a, b, c = (make_request(n, 8, max_tokens=60, predicted_output_len=p)
+               for n, p in (("a", 4), ("b", 5), ("c", 40)))
+    add(s, a, b, c)
+    step(s)
+    d = make_request("d", 4, max_tokens=60, predicted_output_len=d_predicted)
+    add(s, d)
+    return s, c, d
+
+
+@pytest.mark.parametrize("swap_wait_s, status", [(0.001, RequestStatus.SWAPPED),
+                                                 (100.0, RequestStatus.RUNNING)])
+def test_a_paused_request_is_offloaded_only_when_its_estimated_wait_is_long(swap_wait_s, status):
+    s, c, d = _three_residents_and_a_queued(64, [f"swap_wait_s={swap_wait_s}"], d_predicted=59)
+    s.state.budget = Budget(2, 3)          # two decodes per iteration: c pauses, d queues
+    out, _ = step(s)
+    assert scheduled(out) == {"a": 1, "b": 1}
+    assert c.status is status and d.status is RequestStatus.WAITING
+    assert c.num_computed_tokens > 0       # swapped or kept, its KV survives
+
+
+@pytest.mark.parametrize("host_blocks, status", [(64, RequestStatus.SWAPPED),
+                                                 (1, RequestStatus.PREEMPTED),
+                                                 (0, RequestStatus.PREEMPTED)])
+def test_an_evicted_request_is_swapped_unless_the_host_tier_is_full(host_blocks, status):
+    s, c, d = _three_residents_and_a_queued(host_blocks, [], d_predicted=2)
+    out, _ = step(s)
+    assert c.status is status and "d" in scheduled(out)
+    while not c.is_finished:
+        step(s)                            # and it still finishes
+
+
+def test_a_late_prediction_re_ranks_a_queued_request():
+    s = _alise(options=["aging_rate=0", "preempt_margin_s=0", "default_from_median=false",
+                        "default_output_len=50"], max_num_seqs=1)
+    a = make_request("a", 4, max_tokens=20, predicted_output_len=20)
+    b = make_request("b", 4, max_tokens=60)            # no prediction yet: assumed 50 long
+    add(s, a, b)
+    step(s)
+    assert a.status is RequestStatus.RUNNING and b.status is RequestStatus.WAITING
+    s.set_prediction("b", type(a.prediction)(3, 3))
+    step(s)
+    assert b.status is RequestStatus.RUNNING and a.status is RequestStatus.PREEMPTED
+
+
+def test_the_preemption_margin_stops_near_equal_requests_trading_places():
+    def preemptions(margin):
+        s = _alise(options=["aging_rate=0.5", f"preempt_margin_s={margin}"], max_num_seqs=1)
+        reqs = add(s, *(make_request(f"r{i}", 4, 30, predicted_output_len=30) for i in range(3)))
+        _finish_order(s, reqs)
+        return s.state.num_preemptions
+
+    assert preemptions(0.0) > 10 * max(1, preemptions(5.0))
+
+
+def test_the_time_model_recovers_known_coefficients():
+    t0, alpha, beta, c = 2e-4, 3e-6, 8e-3, 1.5e-3
+    model = ExecutionTimeModel(min_samples=8, refit_every=1, forget=1.0)
+    rng = np.random.default_rng(0)
+    for _ in range(64):
+        prefill, decodes = int(rng.integers(0, 512)), int(rng.integers(0, 32))
+        prompt_sum = int(rng.integers(1, 300)) * decodes
+        model.observe(prefill, prompt_sum, decodes,
+                      t0 * prefill + alpha * prompt_sum + beta * decodes + c)
+    assert model.fitted
+    assert model.coefficients == pytest.approx((t0, alpha, beta, c), rel=1e-3)
+    assert model.estimate(100, 50, 10) == pytest.approx(100 * t0 + 10 * (alpha * 50 + beta))
