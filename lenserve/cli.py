@@ -4,8 +4,13 @@ parsed args and returning an exit code."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
+import os
 import sys
+
+DEBUG_HELP = "show tracebacks and debug logs instead of one-line errors"
 
 COMMAND_MODULES = [
     "lenserve.commands.generate",
@@ -19,22 +24,88 @@ COMMAND_MODULES = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lenserve", description="LLM serving with length-aware scheduling")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
+    for sub in subparsers.choices.values():
+        add_debug_flag(sub)
     return parser
 
 
+def add_debug_flag(parser: argparse.ArgumentParser) -> None:
+    """``--debug`` after any (sub)command too. SUPPRESS keeps a subcommand that was not given
+    the flag from resetting what an earlier parser set."""
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                add_debug_flag(sub)
+
+
+def interpret_triton_without_cuda() -> None:
+    """Without CUDA, Triton kernels run only in Triton's interpreter, and Triton chooses compiled
+    or interpreted once per function, when ``@triton.jit`` runs: for its own helpers
+    (``tl.cdiv``, ...) that is when ``triton.language`` is first imported, which torch and
+    transformers do while the commands load. So the choice is made here, before any of them."""
+    if "TRITON_INTERPRET" in os.environ:
+        return
+    import torch  # importing torch and asking for CUDA does not import triton
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+@contextlib.contextmanager
+def command_logging(debug: bool):
+    """lenserve's own log records, one line each, while a command runs; tracebacks and debug
+    records only with --debug.
+
+    A logged exception is also handed back as the failed request's error (the engine finishes
+    the request with it), which the command reports as its one-line error: without --debug
+    the record would only repeat it, with a traceback the user did not ask for. Only lenserve's
+    loggers are touched; other packages' logging (the predictor service sets up its own) is
+    left as it is. A handler here also keeps logging's last-resort printer, which prints
+    tracebacks, from taking lenserve's records."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("lenserve: %(message)s"))
+    if not debug:
+        handler.addFilter(lambda record: record.exc_info is None)
+    logger = logging.getLogger("lenserve")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
+    interpret_triton_without_cuda()
     args = build_parser().parse_args(argv)
+    with command_logging(args.debug):
+        return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
     except (ValueError, FileNotFoundError) as exc:
         # Bad input reaches the user as one clear line, not a traceback.
+        if args.debug:
+            raise
         print(f"lenserve {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"lenserve {args.command}: error: {type(exc).__name__}: {exc} "
+              "(--debug shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

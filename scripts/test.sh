@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-# torch first: its CPU build is pinned, and any looser torch requirement would pull CUDA wheels.
+# torch first, at the pinned version; one already installed (e.g. the CPU build) is kept.
+# From PyPI, Linux gets the CUDA build (see the README for the CPU-only index).
 $PY -m pip install -q torch==2.13.0
 $PY -m pip install -q -e '.[test]'
 $PY scripts/gen_protos.py --check

@@ -21,8 +21,10 @@ _FAMILY = {
 }
 
 
-def write_checkpoint(tmp_path: Path, family: str, seed: int = 0, **overrides) -> Path:
-    """A random-weight float32 ``family`` checkpoint plus the MiniLM tokenizer, in one dir."""
+def write_checkpoint(tmp_path: Path, family: str, seed: int = 0, tokenizer: bool = True,
+                     **overrides) -> Path:
+    """A random-weight float32 ``family`` checkpoint plus (unless ``tokenizer`` is False) the
+    MiniLM tokenizer, in one dir."""
     config_cls, extra = _FAMILY[family]
     config = config_cls(**{**_BASE, **extra, **overrides})
     path = Path(tmp_path) / f"{family}-checkpoint"
@@ -30,5 +32,6 @@ def write_checkpoint(tmp_path: Path, family: str, seed: int = 0, **overrides) ->
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(path)
-    preset_tokenizer().save_pretrained(path)
+    if tokenizer:
+        preset_tokenizer().save_pretrained(path)
     return path

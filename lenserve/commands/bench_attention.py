@@ -142,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
                                                             else CHECK_SHAPES)]
     if not on_gpu:
         # Interpreted kernels are correct but orders of magnitude slower: no timing to report.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+        # The interpreter must be chosen before triton is imported, so the ``lenserve`` command
+        # sets TRITON_INTERPRET at its start when there is no CUDA (see cli.py).
         print("bench-attention: timing needs a GPU with compiled Triton kernels "
               "(no CUDA, or TRITON_INTERPRET=1); running the correctness pass only")
         return check(cfg, shapes, "cpu", args.num_splits)

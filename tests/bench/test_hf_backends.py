@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from lenserve.bench.backends import BackendOptions
-from lenserve.bench.backends.hf_cb import HFContinuousBackend
+from lenserve.bench.backends.hf_cb import HFContinuousBackend, page_size_arg
 from lenserve.bench.backends.hf_static import HFStaticBackend, pad_left
 from lenserve.bench.runner import RunnerConfig, replay
 from lenserve.workloads.types import Workload
@@ -68,3 +68,15 @@ def test_continuous_batching_gives_exact_lengths(tiny_model):
         assert rec.success
         assert rec.arrival_time <= rec.token_times[0]
         assert rec.token_times == sorted(rec.token_times) and rec.token_times[-1] <= rec.finish_time
+
+
+
+def test_page_size_goes_by_the_name_the_installed_transformers_takes():
+    class Before518:   # transformers <= 5.17
+        def __init__(self, block_size: int = 256, num_blocks=None): ...
+
+    class From518:     # page_size, with block_size kept as a deprecated alias
+        def __init__(self, page_size: int = 256, num_blocks=None, block_size=None): ...
+
+    assert page_size_arg(Before518) == "block_size"
+    assert page_size_arg(From518) == "page_size"

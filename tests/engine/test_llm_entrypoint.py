@@ -7,6 +7,7 @@ from lenserve.commands import bench_scheduler, generate
 from services.scheduler.detokenizer import IncrementalDetokenizer
 from services.executor.fake import CharTokenizer
 from lenserve_contract.sampling_params import InvalidRequestError
+from tests.factories import write_checkpoint
 
 
 def test_llm_generate_keeps_prompt_order_and_accepts_token_ids():
@@ -111,3 +112,12 @@ def test_llm_refuses_to_spin_when_a_policy_admits_nothing(monkeypatch):
     llm = LLM("fake", policy=Stuck.name, num_gpu_blocks=16, block_size=4)
     with pytest.raises(RuntimeError, match="admitted no waiting request"):
         llm.generate("hi")
+
+
+def test_checkpoint_without_tokenizer_runs_on_prompt_token_ids(tmp_path):
+    llm = LLM(str(write_checkpoint(tmp_path, "llama", tokenizer=False)), num_gpu_blocks=8)
+    out = llm.generate(prompt_token_ids=[5, 6, 7],
+                       sampling_params=SamplingParams(max_tokens=4, temperature=0))[0]
+    assert len(out.outputs[0].token_ids) == 4 and out.outputs[0].text == ""
+    with pytest.raises(InvalidRequestError, match="no tokenizer files.*prompt_token_ids"):
+        llm.generate("hello")

@@ -1,6 +1,9 @@
 """``lenserve bench-attention``: shape parsing, traffic model, and its correctness pass."""
 import argparse
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -52,3 +55,19 @@ def test_without_gpu_runs_correctness_pass_only(capsys):
     out = capsys.readouterr().out
     assert "timing needs a GPU" in out and "correctness: ok" in out
     assert "GB/s" not in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
+def test_the_command_runs_on_a_cpu_without_triton_interpret_set():
+    # As a user runs it: a fresh process whose imports (torch, transformers) load triton
+    # before the command runs, with no TRITON_INTERPRET in the environment.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "lenserve.cli", "bench-attention", "--dtype", "float32",
+         "--num-heads", "4", "--num-kv-heads", "2", "--head-dim", "32",
+         "--shapes", "decode:2x20", "chunk:1x5+9"],
+        env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "correctness: ok" in proc.stdout

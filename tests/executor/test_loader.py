@@ -8,7 +8,12 @@ import torch
 
 from lenserve_contract.sampling_params import InvalidRequestError
 from services.executor.models.llama import LlamaForCausalLM
-from services.executor.models.loader import ModelNotFoundError, build_hf_model, load_model
+from services.executor.models.loader import (
+    ModelNotFoundError,
+    NoTokenizer,
+    build_hf_model,
+    load_model,
+)
 from services.executor.models.opt import OPTForCausalLM
 from services.executor.models.presets import EOS_ID, PRESETS, list_presets
 from tests.factories import write_checkpoint
@@ -68,3 +73,31 @@ def test_presets_are_seeded_and_the_big_one_has_300m_to_1b_parameters():
 def test_unknown_dtype_is_refused():
     with pytest.raises(InvalidRequestError, match="float8"):
         load_model("opt-tiny", dtype="float8")
+
+
+def test_checkpoint_without_tokenizer_files_loads_without_a_tokenizer(tmp_path):
+    path = write_checkpoint(tmp_path, "llama", tokenizer=False)
+    tokenizer = load_model(str(path)).tokenizer
+    assert isinstance(tokenizer, NoTokenizer) and tokenizer.decode([5, 6]) == ""
+    with pytest.raises(InvalidRequestError, match="no tokenizer files.*prompt_token_ids"):
+        tokenizer.encode("hello")
+
+
+def test_skip_tokenizer_init_loads_no_tokenizer(tmp_path):
+    path = write_checkpoint(tmp_path, "opt")
+    assert isinstance(load_model(str(path), skip_tokenizer_init=True).tokenizer, NoTokenizer)
+    assert isinstance(load_model("opt-tiny", skip_tokenizer_init=True).tokenizer, NoTokenizer)
+    assert not isinstance(load_model(str(path)).tokenizer, NoTokenizer)
+
+
+@pytest.mark.parametrize("device,match", [("gpu0", "unknown device"),
+                                          ("cuda:64", "not available")])
+def test_unusable_device_is_refused_before_loading(device, match):
+    with pytest.raises(InvalidRequestError, match=match):
+        load_model("opt-tiny", device=device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_refused():
+    with pytest.raises(InvalidRequestError, match="device 'cuda' is not available"):
+        load_model("opt-tiny", device="cuda")

@@ -4,6 +4,9 @@ Without CUDA the kernels run in Triton's interpreter, which Triton selects when 
 decorated, i.e. at import: the variable must be set before the backend module is imported.
 """
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -151,3 +154,29 @@ def test_gpu_auto_split_for_few_long_sequences():
     assert choose_num_splits(2, 8, 32_768, torch.device("cuda")) > 1
     batch = make_batch([1, 1], [4000, 31], 16, 32, 8, 128, dtype=torch.float16, seed=12)
     check(*batch, atol=2e-2, rtol=2e-2)
+
+
+MIXED_MODES_SCRIPT = """
+import os
+import torch
+import triton.language  # Triton's helpers are decorated now, compiled
+os.environ["TRITON_INTERPRET"] = "1"  # too late for them, in time for lenserve's kernels
+from services.executor.attention.base import AttentionMetadata
+from services.executor.attention.triton_backend import TritonAttention
+meta = AttentionMetadata.build([1], [4], [[0]], "cpu")
+cache = torch.zeros(1, 16, 1, 16)
+try:
+    TritonAttention().forward(torch.zeros(1, 1, 16), cache, cache, meta, 1.0)
+except RuntimeError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
+def test_interpreter_set_after_triton_was_imported_is_named():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", MIXED_MODES_SCRIPT], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert "TRITON_INTERPRET was set after triton was imported" in proc.stdout, proc.stderr

@@ -7,6 +7,8 @@ EOS is disabled per request (``eos_token_id=-1``) so each stops exactly at its l
 """
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import math
 import time
 
@@ -15,6 +17,13 @@ from lenserve.bench.metrics import RequestRecord
 from lenserve.workloads.types import BenchRequest
 
 PAGE_SIZE = 256
+
+
+def page_size_arg(config_cls) -> str:
+    """The name of the KV page size in ``ContinuousBatchingConfig``: ``block_size`` up to
+    transformers 5.17, ``page_size`` from 5.18 (which still takes ``block_size``, deprecated)."""
+    params = inspect.signature(config_cls).parameters
+    return "page_size" if "page_size" in params else "block_size"
 
 
 class HFContinuousBackend(Backend):
@@ -28,11 +37,16 @@ class HFContinuousBackend(Backend):
 
     def start(self) -> None:
         from transformers import ContinuousBatchingConfig, GenerationConfig
+        if importlib.util.find_spec("psutil") is None:
+            # On a CPU transformers sizes the paged cache from psutil's memory figures; without
+            # it (up to 5.17) it sees 0 bytes free and the generation loop dies at once.
+            raise RuntimeError("the hf-cb backend needs psutil: pip install psutil")
         if self.model is None:
             from services.executor.models.loader import build_hf_model
             self.model = build_hf_model(self.options.model)
         cb_config = ContinuousBatchingConfig(
-            page_size=PAGE_SIZE, num_blocks=math.ceil(self.options.hf_cb_kv_tokens / PAGE_SIZE),
+            **{page_size_arg(ContinuousBatchingConfig): PAGE_SIZE},
+            num_blocks=math.ceil(self.options.hf_cb_kv_tokens / PAGE_SIZE),
             max_batch_tokens=self.options.hf_cb_max_batch_tokens,
             # Synthesised and dataset prompts share no prefixes worth caching; sharing would
             # only make the comparison depend on prompt content.

@@ -51,5 +51,8 @@ def check_backend_name(name: str) -> None:
 def get_backend(name: str, device: str = "cpu") -> AttentionBackend:
     check_backend_name(name)
     name = resolve_backend(name, device)
+    if name == "triton" and not str(device).startswith("cuda"):
+        log.warning("attention backend triton on %s runs in Triton's interpreter: correct, but "
+                    "far slower than the cpu or torch backends", device)
     module, cls = BACKENDS[name]
     return getattr(importlib.import_module(module), cls)()

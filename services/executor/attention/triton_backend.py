@@ -6,7 +6,12 @@ from functools import cache
 import torch
 
 from services.executor.attention.base import AttentionBackend, AttentionMetadata
-from services.executor.attention.triton_kernels import INTERPRETED, paged_decode, paged_prefill
+from services.executor.attention.triton_kernels import (
+    INTERPRETED,
+    MIXED_MODES,
+    paged_decode,
+    paged_prefill,
+)
 
 _MAX_SPLITS = 16
 
@@ -86,6 +91,9 @@ def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         t = getattr(meta, name)
         if t.device != q.device or t.dtype != torch.int32:
             raise ValueError(f"meta.{name} must be int32 on {q.device}, got {t.dtype} on {t.device}")
+    if MIXED_MODES:
+        raise RuntimeError("TRITON_INTERPRET was set after triton was imported (torch and "
+                           "transformers import it): set it before the process imports them")
     if q.device.type == "cpu" and not INTERPRETED:
         raise RuntimeError("Triton attention on CPU tensors needs TRITON_INTERPRET=1 set before "
-                           "triton kernels are imported; without it Triton needs a GPU")
+                           "triton is imported; without it Triton needs a GPU")

@@ -183,8 +183,16 @@ def _prefill_kernel(
              out.to(out_ptr.dtype.element_ty), mask=md_mask)
 
 
-# Triton picks compiled or interpreted kernels once, when the decorators run at import.
-INTERPRETED: bool = not isinstance(_decode_kernel, triton.runtime.jit.JITFunction)
+def _interpreted(fn) -> bool:
+    return not isinstance(fn, triton.runtime.jit.JITFunction)
+
+
+# Triton picks compiled or interpreted code once per function, when its decorator runs: for
+# these kernels when this module is imported, for Triton's own helpers (tl.cdiv, ...) when
+# triton.language first is, often earlier (torch and transformers import it). TRITON_INTERPRET
+# set between the two gives kernels that fail at launch with an obscure InterpreterError.
+INTERPRETED: bool = _interpreted(_decode_kernel)
+MIXED_MODES: bool = INTERPRETED != _interpreted(tl.cdiv)
 
 
 def _pow2(n: int, floor: int = 1) -> int:

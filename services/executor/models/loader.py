@@ -7,6 +7,7 @@ made by initialising the Hugging Face model with a fixed seed and loading its st
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +21,14 @@ from services.executor.models.llama import LlamaForCausalLM
 from services.executor.models.opt import OPTForCausalLM
 from services.executor.models.presets import PRESETS, list_presets
 
+log = logging.getLogger(__name__)
+
 FAMILIES: dict[str, type[nn.Module]] = {"opt": OPTForCausalLM, "llama": LlamaForCausalLM}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Files that carry a tokenizer's vocabulary (fast, SentencePiece, BPE, WordPiece): a checkpoint
+# with none of them has no tokenizer, whatever its tokenizer_config.json says.
+TOKENIZER_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model",
+                         "sentencepiece.bpe.model", "vocab.json", "vocab.txt")
 
 
 class ModelNotFoundError(InvalidRequestError):
@@ -30,6 +37,23 @@ class ModelNotFoundError(InvalidRequestError):
             f"unknown model {model!r}: not a preset ({', '.join(list_presets())}) "
             "and not a local Hugging Face checkpoint directory with a config.json",
             field="model", code="unknown_model")
+
+
+class NoTokenizer:
+    """The tokenizer of a model loaded without one (vLLM's ``skip_tokenizer_init``): prompts
+    must come as token ids, and outputs carry token ids with empty text."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        raise InvalidRequestError(f"{self.why}: pass prompt_token_ids instead of a text prompt",
+                                  field="prompt", code="no_tokenizer")
+
+    __call__ = encode
+
+    def decode(self, token_ids, **kwargs) -> str:
+        return ""
 
 
 @dataclass
@@ -49,6 +73,27 @@ def torch_dtype(name: str) -> torch.dtype:
         raise InvalidRequestError(f"unknown dtype {name!r}: choose one of {sorted(DTYPES)}",
                                   field="dtype")
     return DTYPES[name]
+
+
+def check_device(device: str) -> torch.device:
+    """``device`` as a torch device, or InvalidRequestError saying why it cannot be used."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidRequestError(f"unknown device {device!r}: use 'cpu' or 'cuda[:N]'",
+                                  field="device") from exc
+    if dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
+        why = (f"this torch ({torch.__version__}) is built without CUDA"
+               if torch.version.cuda is None else "no CUDA GPU is visible")
+        raise InvalidRequestError(f"device {device!r} is not available: {why}; use 'cpu'",
+                                  field="device")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise InvalidRequestError(f"device {device!r} is not available: "
+                                  f"{torch.cuda.device_count()} CUDA device(s) visible",
+                                  field="device")
+    return dev
 
 
 def preset_tokenizer():
@@ -122,17 +167,36 @@ def _instantiate(config: PretrainedConfig, weights: dict[str, torch.Tensor],
     return model.eval()
 
 
-def load_model(model: str, *, dtype: str = "float32", device: str = "cpu",
-               seed: int = 0) -> LoadedModel:
+def checkpoint_tokenizer(path: Path, skip_tokenizer_init: bool = False):
+    """The checkpoint's tokenizer; a NoTokenizer when asked to skip it or when it has none, so
+    a checkpoint without tokenizer files still runs on prompt token ids."""
+    if skip_tokenizer_init:
+        return NoTokenizer(f"model {path.name!r} was loaded with skip_tokenizer_init")
+    if not any((path / f).is_file() for f in TOKENIZER_VOCAB_FILES):
+        # Info, not a warning: a text prompt is refused with this reason anyway.
+        log.info("checkpoint %s has no tokenizer files (%s): prompts must be token ids and "
+                    "outputs carry no text", path, ", ".join(TOKENIZER_VOCAB_FILES))
+        return NoTokenizer(f"checkpoint {str(path)!r} has no tokenizer files")
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_model(model: str, *, dtype: str = "float32", device: str = "cpu", seed: int = 0,
+               skip_tokenizer_init: bool = False) -> LoadedModel:
+    """``skip_tokenizer_init``: load no tokenizer (as vLLM's option); prompts must then be
+    token ids and outputs carry token ids only."""
     name, path = resolve(model)
     torch_dt = torch_dtype(dtype)
+    check_device(device)   # before any weights are read
     if path is None:
         hf = build_hf_model(name, dtype="float32", seed=seed)
-        config, weights, tokenizer = hf.config, hf.state_dict(), preset_tokenizer()
+        config, weights = hf.config, hf.state_dict()
+        tokenizer = (NoTokenizer(f"model {name!r} was loaded with skip_tokenizer_init")
+                     if skip_tokenizer_init else preset_tokenizer())
     else:
         config = AutoConfig.from_pretrained(path)
         family_of(config)
-        weights, tokenizer = _checkpoint_weights(path), AutoTokenizer.from_pretrained(path)
+        weights = _checkpoint_weights(path)
+        tokenizer = checkpoint_tokenizer(path, skip_tokenizer_init)
     net = _instantiate(config, weights, torch_dt, device)
     eos = getattr(config, "eos_token_id", None)
     return LoadedModel(

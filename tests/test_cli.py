@@ -1,0 +1,83 @@
+"""The ``lenserve`` command as a user meets it: failures are one line and a non-zero exit,
+and ``generate`` says when the context limit, not ``--max-tokens``, ended its output."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lenserve.cli import build_parser, main
+from lenserve.engine.fake_executor import FakeExecutor
+from tests.factories import write_checkpoint
+
+FAKE = ["generate", "--model", "fake", "--prompt", "hi", "--temperature", "0", "--ignore-eos"]
+
+
+@pytest.fixture
+def failing_executor(monkeypatch):
+    def execute(self, batch):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(FakeExecutor, "execute", execute)
+
+
+def test_failed_iteration_exits_nonzero_with_one_line(failing_executor, capsys):
+    assert main(FAKE) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "lenserve generate: error: executor failed: kernel exploded "
+        "(--debug shows the traceback)"]
+
+
+@pytest.mark.parametrize("flag_first", [False, True])
+def test_debug_shows_the_traceback(failing_executor, capsys, flag_first):
+    argv = ["--debug", *FAKE] if flag_first else [*FAKE, "--debug"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "kernel exploded" in err
+
+
+def test_debug_flag_parses_after_nested_subcommands():
+    args = build_parser().parse_args(["predictor", "serve", "--debug"])
+    assert args.debug
+    assert not build_parser().parse_args(["predictor", "serve"]).debug
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_device_without_cuda_is_one_line(capsys):
+    assert main(["generate", "--model", "opt-tiny", "--prompt", "hi", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "device 'cuda' is not available" in err[0]
+
+
+def test_output_cut_by_the_kv_pool_says_why(capsys):
+    assert main([*FAKE, "--num-gpu-blocks", "1", "--block-size", "16", "--max-tokens", "40"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.strip()) > 0
+    note = captured.err.strip()
+    assert note.startswith("lenserve generate: note: output stopped at ")
+    assert "of --max-tokens 40" in note and "context limit of 16 tokens" in note
+    assert "1 block(s) of 16 tokens" in note and "--num-gpu-blocks" in note
+
+
+def test_output_cut_by_max_model_len_names_that_option(capsys):
+    assert main([*FAKE, "--max-model-len", "8", "--max-tokens", "40"]) == 0
+    note = capsys.readouterr().err
+    assert "context limit of 8 tokens" in note and "--max-model-len is 8" in note
+
+
+def test_no_note_when_max_tokens_ends_the_output(capsys):
+    assert main([*FAKE, "--num-gpu-blocks", "4", "--block-size", "16", "--max-tokens", "5"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_checkpoint_without_tokenizer_runs_on_token_ids(tmp_path, capsys):
+    path = write_checkpoint(tmp_path, "llama", tokenizer=False)
+    model = ["generate", "--model", str(path), "--temperature", "0", "--max-tokens", "3",
+             "--num-gpu-blocks", "4"]
+    assert main([*model, "--prompt-token-ids", "5", "6", "7"]) == 0
+    ids = capsys.readouterr().out.split()
+    assert len(ids) == 3 and all(i.isdigit() for i in ids)
+    assert main([*model, "--prompt", "hello"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "no tokenizer files" in err[0] and "prompt_token_ids" in err[0]
