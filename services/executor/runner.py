@@ -34,10 +34,12 @@ class InProcessExecutor(Executor):
     def __init__(self, model: str | LoadedModel, *, block_size: int = 16,
                  num_gpu_blocks: int | None = None, kv_cache_memory_bytes: int | None = None,
                  attention_backend: str = "auto", dtype: str = "float32", device: str = "cpu",
-                 max_model_len: int | None = None, seed: int = 0):
+                 max_model_len: int | None = None, seed: int = 0,
+                 skip_tokenizer_init: bool = False):
         check_backend_name(attention_backend)   # before loading weights
         self.loaded = (model if isinstance(model, LoadedModel)
-                       else load_model(model, dtype=dtype, device=device, seed=seed))
+                       else load_model(model, dtype=dtype, device=device, seed=seed,
+                                       skip_tokenizer_init=skip_tokenizer_init))
         self.tokenizer = self.loaded.tokenizer
         self.net = self.loaded.model
         self.device = next(self.net.parameters()).device

@@ -30,6 +30,7 @@ class EngineConfig:
     device: str = "cpu"
     max_model_len: int | None = None
     seed: int = 0
+    skip_tokenizer_init: bool = False         # run on prompt_token_ids only (no tokenizer)
     # none | embedded | oracle | grpc://HOST:PORT
     predictor: str = "none"
     predictor_seed: str | None = None         # {"prompt","output_len"} JSON lines; None: bundled
@@ -57,7 +58,8 @@ def build_executor(config: EngineConfig) -> Executor:
         config.model, block_size=config.block_size, num_gpu_blocks=config.num_gpu_blocks,
         kv_cache_memory_bytes=config.kv_cache_memory_bytes,
         attention_backend=config.attention_backend, dtype=config.dtype, device=config.device,
-        max_model_len=config.max_model_len, seed=config.seed)
+        max_model_len=config.max_model_len, seed=config.seed,
+        skip_tokenizer_init=config.skip_tokenizer_init)
 
 
 def scheduler_config(config: EngineConfig, executor: Executor) -> SchedulerConfig:
