@@ -71,15 +71,22 @@ def command_logging(debug: bool):
     handler.setFormatter(logging.Formatter("lenserve: %(message)s"))
     if not debug:
         handler.addFilter(lambda record: record.exc_info is None)
-    logger = logging.getLogger("lenserve")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+    loggers = [logging.getLogger(name) for name in _COMMAND_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG if debug else logging.WARNING)
     try:
         yield
     finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+
+
+# The serving loop and its parts log under their own packages; the predictor service keeps
+# its own logging set-up.
+_COMMAND_LOGGERS = ("lenserve", "services.scheduler", "services.executor", "services.kvmanager")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lenserve.cli import build_parser, main
-from lenserve.engine.fake_executor import FakeExecutor
+from services.executor.fake import FakeExecutor
 from tests.factories import write_checkpoint
 
 FAKE = ["generate", "--model", "fake", "--prompt", "hi", "--temperature", "0", "--ignore-eos"]
