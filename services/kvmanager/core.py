@@ -87,15 +87,17 @@ class InProcessKVManager(KVManager):
 
     # -- swaps ----------------------------------------------------------------------------
 
-    def swap_out(self, request_id: str, device_blocks: list[int]) -> SwapHandle:
+    def swap_out(self, request_id: str, device_blocks: list[int],
+                 num_tokens: int | None = None) -> SwapHandle:
         self._enter()
         blocks = self._device_ids(device_blocks)
+        self._check_num_tokens(num_tokens, len(blocks))
         if request_id in self._held:
             raise ValueError(f"request {request_id!r} is already swapped out")
         self._settle_incoming(request_id)
         host = self.pool.allocator.allocate(request_id, len(blocks))
         self._failed_out.pop(request_id, None)
-        future = self.copier.submit(partial(self._copy_out, blocks, host))
+        future = self.copier.submit(partial(self._copy_out, blocks, host, num_tokens))
         self._held[request_id] = _Swap(request_id, host, future)
         return FutureHandle(future)
 
@@ -155,13 +157,14 @@ class InProcessKVManager(KVManager):
 
     # -- copies (worker thread) -----------------------------------------------------------
 
-    def _copy_out(self, device_blocks: list[int], host_blocks: list[int]) -> None:
+    def _copy_out(self, device_blocks: list[int], host_blocks: list[int],
+                  num_tokens: int | None) -> None:
         view = self.pool.store.run_view(host_blocks)
         if view is not None:
             self.mover.export_blocks(device_blocks, out=view)
             return
-        staging = self._staging(len(device_blocks))
-        self.pool.store.write(host_blocks, self.mover.export_blocks(device_blocks, out=staging))
+        staged = self.mover.export_blocks(device_blocks, out=self._staging(len(device_blocks)))
+        self.pool.store.write(host_blocks, staged, num_tokens)
 
     def _copy_in(self, host_blocks: list[int], device_blocks: list[int]) -> None:
         data = self.pool.store.run_view(host_blocks)
@@ -236,6 +239,16 @@ class InProcessKVManager(KVManager):
         if request_id in self._failed_out:
             return f"its swap-out failed ({self._failed_out[request_id]!r})"
         return "it was never swapped out, or was swapped in or freed since"
+
+    def _check_num_tokens(self, num_tokens: int | None, num_blocks: int) -> None:
+        if num_tokens is None:
+            return
+        size = self.layout.block_size
+        if (isinstance(num_tokens, bool) or not isinstance(num_tokens, int)
+                or not (num_blocks - 1) * size < num_tokens <= num_blocks * size):
+            raise InvalidRequestError(
+                f"num_tokens {num_tokens!r} does not fit {num_blocks} blocks of {size} tokens "
+                f"(the last block must hold at least one)", field="num_tokens")
 
     def _device_ids(self, device_blocks: list[int]) -> list[int]:
         blocks = list(device_blocks)

@@ -77,11 +77,16 @@ class HostBlockAllocator:
         assert len(free) + len(owned) == self.num_blocks, "a host block was lost"
 
 
+def host_block_bytes(layout: BlockLayout, int8: bool) -> int:
+    """Host bytes of one block, INT8 scales and offsets included."""
+    return (Int8HostStore if int8 else FpHostStore).block_bytes(layout)
+
+
 class HostBlockPool:
     def __init__(self, layout: BlockLayout, swap_space_bytes: int, int8: bool, pin: bool):
         store_cls = Int8HostStore if int8 else FpHostStore
         self.int8 = int8
-        self.block_bytes = store_cls.block_bytes(layout)
+        self.block_bytes = host_block_bytes(layout, int8)
         self.num_blocks = swap_space_bytes // self.block_bytes
         self.store = store_cls(layout, self.num_blocks, pin)
         self.allocator = HostBlockAllocator(self.num_blocks)

@@ -76,15 +76,23 @@ class FpHostStore:
             return None
         return self.data[:, :, first:first + len(host_ids)]
 
-    def write(self, host_ids: list[int], blocks: torch.Tensor) -> None:
-        self.data.index_copy_(2, _ids(host_ids), blocks)
+    def write(self, host_ids: list[int], blocks: torch.Tensor,
+              num_tokens: int | None = None) -> None:
+        self.data.index_copy_(2, _ids(host_ids), blocks)    # stale slots too: bit-exact
 
     def read(self, host_ids: list[int], out: torch.Tensor) -> torch.Tensor:
         return torch.index_select(self.data, 2, _ids(host_ids), out=out)
 
 
 class Int8HostStore:
-    """Blocks kept as uint8 codes plus a 16-bit scale and offset per channel (see ``int8``)."""
+    """Blocks kept as uint8 codes plus a 16-bit scale and offset per channel (see ``int8``).
+
+    Blocks are (de)quantized one piece at a time -- a few blocks of one layer's K or V, which
+    is contiguous in both the staging buffer and the store -- so that every pass runs over
+    memory in cache, and the temporaries are small enough for the allocator to reuse instead
+    of mapping (and page-faulting) fresh memory each time, which costs more than the math."""
+
+    PIECE_BYTES = 4 << 20
 
     def __init__(self, layout: BlockLayout, num_blocks: int, pin: bool):
         self.layout = layout
@@ -92,6 +100,8 @@ class Int8HostStore:
         pdt = param_dtype(layout.dtype)
         self.codes = _empty(layout.shape(num_blocks), torch.uint8, pin)
         self.scale, self.offset = _empty(params, pdt, pin), _empty(params, pdt, pin)
+        plane_block_bytes = math.prod(layout.shape(1)[3:]) * 4      # as fp32 while quantizing
+        self.piece = max(1, self.PIECE_BYTES // plane_block_bytes)
 
     @staticmethod
     def block_bytes(layout: BlockLayout) -> int:
@@ -100,14 +110,34 @@ class Int8HostStore:
     def run_view(self, host_ids: list[int]) -> None:
         return None     # quantizing needs the blocks in the device dtype first: always staged
 
-    def write(self, host_ids: list[int], blocks: torch.Tensor) -> None:
-        q, idx = quantize(blocks), _ids(host_ids)
-        self.codes.index_copy_(2, idx, q.codes)
-        self.scale.index_copy_(2, idx, q.scale)
-        self.offset.index_copy_(2, idx, q.offset)
+    def write(self, host_ids: list[int], blocks: torch.Tensor,
+              num_tokens: int | None = None) -> None:
+        for layer, kv, start, end in self._pieces(len(host_ids)):
+            tokens = _tokens_in(num_tokens, start, end, self.layout.block_size)
+            q = quantize(blocks[layer, kv, start:end], tokens)
+            idx = _ids(host_ids[start:end])
+            self.codes[layer, kv].index_copy_(0, idx, q.codes)
+            self.scale[layer, kv].index_copy_(0, idx, q.scale)
+            self.offset[layer, kv].index_copy_(0, idx, q.offset)
 
     def read(self, host_ids: list[int], out: torch.Tensor) -> torch.Tensor:
-        idx = _ids(host_ids)
-        q = QuantizedBlocks(self.codes.index_select(2, idx), self.scale.index_select(2, idx),
-                            self.offset.index_select(2, idx))
-        return out.copy_(dequantize(q, self.layout.dtype))
+        for layer, kv, start, end in self._pieces(len(host_ids)):
+            idx = _ids(host_ids[start:end])
+            q = QuantizedBlocks(self.codes[layer, kv].index_select(0, idx),
+                                self.scale[layer, kv].index_select(0, idx),
+                                self.offset[layer, kv].index_select(0, idx))
+            dequantize(q, self.layout.dtype, out=out[layer, kv, start:end])
+        return out
+
+    def _pieces(self, num_blocks: int):
+        for layer in range(self.layout.num_layers):
+            for kv in range(2):
+                for start in range(0, num_blocks, self.piece):
+                    yield layer, kv, start, min(start + self.piece, num_blocks)
+
+
+def _tokens_in(num_tokens: int | None, start: int, end: int, block_size: int) -> int | None:
+    """Tokens of KV in blocks ``start..end-1`` of a request holding ``num_tokens``."""
+    if num_tokens is None:
+        return None
+    return min(num_tokens - start * block_size, (end - start) * block_size)

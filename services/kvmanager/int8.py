@@ -36,26 +36,60 @@ def param_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float16 if dtype == torch.float16 else torch.bfloat16
 
 
-def quantize(x: torch.Tensor) -> QuantizedBlocks:
+def quantize(x: torch.Tensor, num_tokens: int | None = None) -> QuantizedBlocks:
+    """``x[..., num_blocks, block_size, Hkv, D]``. With ``num_tokens``, the slots after the
+    first ``num_tokens`` (the stale tail of the last block) neither shape the scales nor keep
+    their values: they come back as the channel's offset."""
     pdt = param_dtype(x.dtype)
     xf = x.float()
-    offset = _round_toward(xf.amin(dim=TOKEN_DIM), pdt, -torch.inf)
-    span = xf.amax(dim=TOKEN_DIM) - offset.float()
-    scale = _round_toward(span / QMAX, pdt, torch.inf)
+    valid = _valid_slots(x, num_tokens)
+    low, high = _channel_range(xf, valid)
+    offset = _round_toward(low, pdt, -torch.inf)
+    scale = _round_toward((high - offset.float()) / QMAX, pdt, torch.inf)
     # A constant channel whose offset is exact has span 0: any positive scale codes it as 0.
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    codes = (xf - offset.float().unsqueeze(TOKEN_DIM)).div_(scale.float().unsqueeze(TOKEN_DIM))
-    return QuantizedBlocks(codes.round_().clamp_(0, QMAX).to(torch.uint8), scale, offset)
+    inv = scale.float().reciprocal().unsqueeze(TOKEN_DIM)
+    # (x - offset) / scale + 0.5, which the uint8 cast truncates, i.e. rounds; written into
+    # one buffer in place (addcmul's broadcasting kernel is several times slower on a CPU).
+    bias = 0.5 - offset.float().unsqueeze(TOKEN_DIM) * inv
+    codes = torch.mul(xf, inv, out=torch.empty_like(xf)).add_(bias).clamp_(0, QMAX)
+    if valid is not None:
+        codes.masked_fill_(~valid, 0)
+    return QuantizedBlocks(codes.to(torch.uint8), scale, offset)
 
 
-def dequantize(q: QuantizedBlocks, dtype: torch.dtype) -> torch.Tensor:
+def dequantize(q: QuantizedBlocks, dtype: torch.dtype,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Into ``out`` when given (e.g. a staging buffer), else a new tensor of ``dtype``."""
     offset = q.offset.float().unsqueeze(TOKEN_DIM)
-    return torch.addcmul(offset, q.codes.float(), q.scale.float().unsqueeze(TOKEN_DIM)).to(dtype)
+    scale = q.scale.float().unsqueeze(TOKEN_DIM)
+    if out is None:
+        out = torch.empty(q.codes.shape, dtype=dtype, device=q.codes.device)
+    return torch.addcmul(offset, q.codes, scale, out=out)
 
 
 def bytes_per_channel(block_size: int, dtype: torch.dtype) -> int:
     """Host bytes of one channel of one block: a code per token plus scale and offset."""
     return block_size + 2 * torch.empty(0, dtype=param_dtype(dtype)).element_size()
+
+
+def _channel_range(xf: torch.Tensor, valid: torch.Tensor | None):
+    if valid is None:       # two reductions: aminmax over a middle dim is far slower
+        return xf.amin(dim=TOKEN_DIM), xf.amax(dim=TOKEN_DIM)
+    return (xf.where(valid, torch.inf).amin(dim=TOKEN_DIM),
+            xf.where(valid, -torch.inf).amax(dim=TOKEN_DIM))
+
+
+def _valid_slots(x: torch.Tensor, num_tokens: int | None) -> torch.Tensor | None:
+    """Mask ``[num_blocks, block_size, 1, 1]`` of the slots holding KV; None if all do."""
+    num_blocks, block_size = x.shape[-4], x.shape[-3]
+    if num_tokens is None or num_tokens == num_blocks * block_size:
+        return None
+    if not (num_blocks - 1) * block_size < num_tokens <= num_blocks * block_size:
+        raise ValueError(f"{num_tokens} tokens do not fill the last of {num_blocks} blocks of "
+                         f"{block_size} slots")
+    slots = torch.arange(num_blocks * block_size, device=x.device) < num_tokens
+    return slots.view(num_blocks, block_size, 1, 1)
 
 
 def _round_toward(t: torch.Tensor, dtype: torch.dtype, direction: float) -> torch.Tensor:

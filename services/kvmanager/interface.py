@@ -74,10 +74,15 @@ class KVManager(ABC):
         """Whether the request has KV in the host pool (swapped out, not yet swapped in)."""
 
     @abstractmethod
-    def swap_out(self, request_id: str, device_blocks: list[int]) -> SwapHandle:
+    def swap_out(self, request_id: str, device_blocks: list[int],
+                 num_tokens: int | None = None) -> SwapHandle:
         """Reserve host blocks for the request and start copying ``device_blocks`` (in
         position order) to them, compressing to INT8 when enabled. Raises HostPoolFullError
-        (nothing reserved) when the pool cannot take them."""
+        (nothing reserved) when the pool cannot take them.
+
+        ``num_tokens``: how many tokens of KV the blocks hold (``num_computed_tokens``); the
+        slots after them in the last block are stale (another request's KV, or garbage) and
+        INT8 scales must not stretch to cover them. None: every slot counts."""
 
     @abstractmethod
     def swap_in(self, request_id: str, device_blocks: list[int]) -> SwapHandle:

@@ -9,7 +9,8 @@ from services.executor.kv_cache import KVCachePool
 from services.executor.types import ModelInfo
 from services.kvmanager.config import KVManagerConfig
 from services.kvmanager.core import InProcessKVManager
-from services.kvmanager.host_store import BlockLayout, FpHostStore, Int8HostStore
+from services.kvmanager.host_pool import host_block_bytes as layout_block_bytes
+from services.kvmanager.host_store import BlockLayout
 
 LAYERS, BLOCK, HEADS, DIM = 2, 16, 2, 8
 
@@ -58,8 +59,7 @@ def model_info(pool: KVCachePool) -> ModelInfo:
 
 
 def host_block_bytes(pool: KVCachePool, int8: bool) -> int:
-    layout = BlockLayout.from_model_info(model_info(pool))
-    return (Int8HostStore if int8 else FpHostStore).block_bytes(layout)
+    return layout_block_bytes(BlockLayout.from_model_info(model_info(pool)), int8)
 
 
 def make_manager(pool: KVCachePool, host_blocks: int, int8: bool = False,

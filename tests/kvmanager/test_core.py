@@ -76,6 +76,30 @@ def test_int8_round_trip_is_the_quantized_blocks_within_the_bound(dtype):
     manager.check_integrity()
 
 
+def test_int8_ignores_the_stale_tail_of_the_last_block():
+    pool = make_pool(seed=5)
+    manager, _ = make_manager(pool, host_blocks=4, int8=True)
+    pool.cache[:, :, 2, 9:] = float("nan")          # slots 9.. of the last block: stale
+    original = blocks(pool, [1, 2])
+    manager.swap_out("r", [1, 2], num_tokens=pool.block_size + 9).wait()
+    manager.swap_in("r", [6, 7]).wait()
+    arrived = blocks(pool, [6, 7])
+    assert not arrived.isnan().any()
+    step = quantize(original[:, :, :1]).scale.unsqueeze(-3)
+    assert ((arrived[:, :, :1] - original[:, :, :1]).abs() <= step * (0.5 + 1e-4)).all()
+    err_tail = (arrived[:, :, 1, :9] - original[:, :, 1, :9]).abs()
+    assert err_tail.max() < (original[:, :, 1, :9].abs().max()) / 100
+
+
+@pytest.mark.parametrize("num_tokens", [0, 16, 33, 2.5])
+def test_a_token_count_that_does_not_fit_is_refused_before_reserving(num_tokens):
+    pool = make_pool()
+    manager, mover = make_manager(pool, host_blocks=4, int8=True)
+    with pytest.raises(InvalidRequestError, match="num_tokens"):
+        manager.swap_out("r", [1, 2], num_tokens=num_tokens)
+    assert manager.num_free_host_blocks() == 4 and mover.calls == 0
+
+
 def test_a_full_pool_is_refused_and_nothing_changes():
     pool = make_pool()
     manager, mover = make_manager(pool, host_blocks=4)

@@ -75,3 +75,26 @@ def test_codes_use_the_full_range():
 def test_host_bytes_per_channel_count_the_scales():
     assert bytes_per_channel(16, torch.float16) == 16 + 2 + 2
     assert bytes_per_channel(16, torch.float32) == 16 + 2 + 2
+
+
+def test_stale_slots_after_the_last_token_do_not_stretch_the_scales():
+    x = kv_like(torch.float32, seed=4)
+    num_blocks, block_size = SHAPE[2], SHAPE[3]
+    num_tokens = (num_blocks - 1) * block_size + 3
+    stale = x.clone()
+    stale[..., -1, 3:, :, :] = 1e6                  # another request's KV, or garbage
+    stale[..., -1, 5, 0, 0] = float("nan")
+    q, clean = quantize(stale, num_tokens), quantize(x[..., :-1, :, :, :])
+    assert torch.equal(q.scale[..., :-1, :, :], clean.scale)
+    y = dequantize(q, torch.float32)
+    valid = torch.arange(num_blocks * block_size).view(num_blocks, block_size, 1, 1) < num_tokens
+    err = (y - x).abs().where(valid, 0.0)
+    assert (err <= q.scale.float().unsqueeze(-3) * (0.5 + 1e-4) + 1e-5).all()
+    assert not y.isnan().any() and y.abs().max() < 1e3
+    assert torch.equal(quantize(x, num_blocks * block_size).codes, quantize(x).codes)
+
+
+@pytest.mark.parametrize("num_tokens", [0, (SHAPE[2] - 1) * SHAPE[3], SHAPE[2] * SHAPE[3] + 1])
+def test_a_token_count_that_does_not_fit_the_blocks_is_refused(num_tokens):
+    with pytest.raises(ValueError, match="do not fill the last"):
+        quantize(kv_like(torch.float32), num_tokens)
