@@ -263,29 +263,38 @@ def agreement(baselines: list[list[int]], swapped: list[list[int]], swap_after: 
 
 def format_report(r: dict) -> str:
     gb = r["swapped_bytes"] / 1e9
-    lines = [f"bench-swap: {r['model']} {r['dtype']} on {r['device']}, {r['num_blocks']} blocks "
-             f"({gb:.3f} GB each way) in requests of {r['blocks_per_request']}, "
-             f"{r['cpu_threads']} CPU threads"]
+    head = (f"bench-swap: {r['model']} {r['dtype']} on {r['device']}, {r['num_blocks']} blocks "
+            f"({gb:.3f} GB each way) in requests of {r['blocks_per_request']}, "
+            f"{r['cpu_threads']} CPU threads")
+    return "\n".join([head, *_bandwidth_lines(r), *_int8_lines(r), *_agreement_lines(r)])
+
+
+def _bandwidth_lines(r: dict) -> list[str]:
+    lines = []
     for key, label in (("raw", "raw torch copy"), ("fp", "manager, exact"),
                        ("int8", "manager, INT8")):
         t = r[key]
         line = (f"  {label:<15} out {t['out_gbps']:6.2f} GB/s  in {t['in_gbps']:6.2f} GB/s  "
                 f"out+in {t['out_in_gbps']:6.2f} GB/s")
-        if key != "raw":
-            line += f"  = {t['ratio_to_raw']:.2f} x raw"
-        lines.append(line)
+        lines.append(line + (f"  = {t['ratio_to_raw']:.2f} x raw" if key != "raw" else ""))
+    return lines
+
+
+def _int8_lines(r: dict) -> list[str]:
     fp, q, dev = r["host_block_bytes_fp"], r["host_block_bytes_int8"], r["device_block_bytes"]
-    lines.append(f"  host bytes/block: exact {fp}, INT8 {q} (codes + 16-bit scale and offset "
-                 f"per channel): {fp / q:.3f}x fewer ({dev / q:.3f}x vs the device block)")
     i8 = r["int8"]
-    lines.append(f"  INT8 max abs error {i8['int8_max_abs_error']:.3g} on N(0,1) blocks "
-                 f"(|x| <= {i8['int8_data_absmax']:.3g}): "
-                 f"{i8['int8_max_error_in_steps']:.3f} quantization steps")
-    if "agreement" in r:
-        a = r["agreement"]
-        for key in ("fp", "int8"):
-            lines.append(f"  greedy agreement after swap ({key}, {a['model']}, {a['prompts']} "
-                         f"prompts, swap after {a['swap_after']} of {a['new_tokens']} tokens): "
-                         f"tokens {a[key]['token_agreement']:.1%}, whole outputs "
-                         f"{a[key]['sequence_agreement']:.1%}")
-    return "\n".join(lines)
+    return [f"  host bytes/block: exact {fp}, INT8 {q} (codes + 16-bit scale and offset per "
+            f"channel): {fp / q:.3f}x fewer ({dev / q:.3f}x vs the device block)",
+            f"  INT8 max abs error {i8['int8_max_abs_error']:.3g} on N(0,1) blocks "
+            f"(|x| <= {i8['int8_data_absmax']:.3g}): "
+            f"{i8['int8_max_error_in_steps']:.3f} quantization steps"]
+
+
+def _agreement_lines(r: dict) -> list[str]:
+    a = r.get("agreement")
+    if a is None:
+        return []
+    return [f"  greedy agreement after swap ({key}, {a['model']}, {a['prompts']} prompts, swap "
+            f"after {a['swap_after']} of {a['new_tokens']} tokens): tokens "
+            f"{a[key]['token_agreement']:.1%}, whole outputs {a[key]['sequence_agreement']:.1%}"
+            for key in ("fp", "int8")]
