@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "lenserve.commands.bench_executor",
     "lenserve.commands.bench_attention",
     "lenserve.commands.bench_scheduler",
+    "lenserve.commands.bench_swap",
     "lenserve.commands.predictor",
 ]
 

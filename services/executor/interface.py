@@ -20,9 +20,12 @@ class Executor(ABC):
         ``sample=True``. Must not keep per-request state between calls."""
 
     @abstractmethod
-    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
+    def export_blocks(self, block_ids: list[int], out: torch.Tensor | None = None
+                      ) -> torch.Tensor:
         """Copy device blocks to one contiguous host tensor
-        ``[num_layers, 2, len(block_ids), block_size, num_kv_heads, head_dim]``."""
+        ``[num_layers, 2, len(block_ids), block_size, num_kv_heads, head_dim]``. With ``out``
+        (a host tensor of that shape and the pool's dtype, possibly strided), write into it
+        and return it instead of allocating."""
 
     @abstractmethod
     def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:

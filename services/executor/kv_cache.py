@@ -63,10 +63,26 @@ class KVCachePool:
         dst = torch.tensor([d for _, d in pairs], device=self.cache.device)
         self.cache[:, :, dst] = self.cache[:, :, src].clone()
 
-    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
+    def export_blocks(self, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Gather blocks into host layout; into ``out`` when given (a caller's staging buffer
+        or a strided view of its own pool) so that the export is the only copy."""
         self.check_block_ids(block_ids)
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.cache.device)
-        return self.cache[:, :, idx].to("cpu").contiguous()
+        if out is None:
+            return self.cache[:, :, idx].to("cpu").contiguous()
+        self._check_export_out(out, len(block_ids))
+        if out.device == self.cache.device:
+            torch.index_select(self.cache, 2, idx, out=out)
+        else:
+            out.copy_(self.cache.index_select(2, idx))
+        return out
+
+    def _check_export_out(self, out: torch.Tensor, n: int) -> None:
+        want = (self.num_layers, 2, n, self.block_size, self.num_kv_heads, self.head_dim)
+        if tuple(out.shape) != want or out.dtype != self.cache.dtype or out.device.type != "cpu":
+            raise InvalidRequestError(
+                f"export buffer is {tuple(out.shape)} {out.dtype} on {out.device}, expected "
+                f"{want} {self.cache.dtype} on the host", field="out")
 
     def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
         self.check_block_ids(block_ids)

@@ -182,8 +182,9 @@ class InProcessExecutor(Executor):
                                       f"0..{self.net.vocab_size - 1}", field="token_ids")
         seq.sampling_params.verify()
 
-    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
-        return self.kv.export_blocks(block_ids)
+    def export_blocks(self, block_ids: list[int], out: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+        return self.kv.export_blocks(block_ids, out)
 
     def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
         self.kv.import_blocks(block_ids, data)

@@ -22,6 +22,17 @@ class HostPoolFullError(RuntimeError):
         self.request_id, self.num_blocks, self.num_free = request_id, num_blocks, num_free
 
 
+class RequestNotHeldError(KeyError):
+    """``swap_in`` of a request whose KV is not in the host pool; ``reason`` says why."""
+
+    def __init__(self, request_id: str, reason: str):
+        super().__init__(request_id)
+        self.request_id, self.reason = request_id, reason
+
+    def __str__(self) -> str:   # KeyError would print the repr of its one argument
+        return f"request {self.request_id!r} has no KV in the host pool: {self.reason}"
+
+
 class SwapHandle(ABC):
     """Completion handle of one asynchronous copy."""
 
@@ -40,7 +51,7 @@ class KVStats:
     num_free_host_blocks: int
     host_bytes_used: int
     int8: bool
-    num_swapped_requests: int
+    num_swapped_requests: int   # requests owning host blocks (held, or swap-in in flight)
     bytes_swapped_out: int      # cumulative device -> host bytes (before compression)
     bytes_swapped_in: int       # cumulative host -> device bytes (after decompression)
 
@@ -63,15 +74,21 @@ class KVManager(ABC):
         """Whether the request has KV in the host pool (swapped out, not yet swapped in)."""
 
     @abstractmethod
-    def swap_out(self, request_id: str, device_blocks: list[int]) -> SwapHandle:
+    def swap_out(self, request_id: str, device_blocks: list[int],
+                 num_tokens: int | None = None) -> SwapHandle:
         """Reserve host blocks for the request and start copying ``device_blocks`` (in
         position order) to them, compressing to INT8 when enabled. Raises HostPoolFullError
-        (nothing reserved) when the pool cannot take them."""
+        (nothing reserved) when the pool cannot take them.
+
+        ``num_tokens``: how many tokens of KV the blocks hold (``num_computed_tokens``); the
+        slots after them in the last block are stale (another request's KV, or garbage) and
+        INT8 scales must not stretch to cover them. None: every slot counts."""
 
     @abstractmethod
     def swap_in(self, request_id: str, device_blocks: list[int]) -> SwapHandle:
         """Start copying the request's host blocks back into ``device_blocks`` (same count and
-        order as swapped out); the host blocks are freed once the copy is done."""
+        order as swapped out); the host blocks are freed once the copy is done. Raises
+        RequestNotHeldError (a KeyError) when the request has no KV in the host pool."""
 
     @abstractmethod
     def free(self, request_id: str) -> None:

@@ -50,6 +50,19 @@ def test_export_import_round_trip_with_host_layout():
     assert torch.equal(other.cache[:, :, 5], pool.cache[:, :, 1])
 
 
+def test_export_writes_into_a_given_buffer_even_a_strided_view():
+    pool = make_pool()
+    host = torch.full((2, 2, 5, 4, 2, 3), -1.0)
+    view = host[:, :, 1:3]                      # strided: not contiguous
+    assert pool.export_blocks([4, 1], out=view) is view
+    assert torch.equal(view, pool.export_blocks([4, 1]))
+    assert (host[:, :, [0, 3, 4]] == -1).all()
+    with pytest.raises(InvalidRequestError, match="export buffer"):
+        pool.export_blocks([4, 1], out=torch.empty(2, 2, 3, 4, 2, 3))
+    with pytest.raises(InvalidRequestError, match="export buffer"):
+        pool.export_blocks([4], out=torch.empty(2, 2, 1, 4, 2, 3, dtype=torch.float64))
+
+
 def test_bad_block_ids_and_shapes_are_refused_without_damage():
     pool = make_pool()
     before = pool.cache.clone()
