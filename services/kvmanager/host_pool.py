@@ -84,6 +84,9 @@ def host_block_bytes(layout: BlockLayout, int8: bool) -> int:
 
 class HostBlockPool:
     def __init__(self, layout: BlockLayout, swap_space_bytes: int, int8: bool, pin: bool):
+        if int8 and not layout.dtype.is_floating_point:
+            raise ValueError(f"INT8 KV compression needs a floating-point KV cache, not "
+                             f"{layout.dtype}")
         store_cls = Int8HostStore if int8 else FpHostStore
         self.int8 = int8
         self.block_bytes = host_block_bytes(layout, int8)

@@ -32,8 +32,8 @@ class BlockLayout:
     @classmethod
     def from_model_info(cls, info: ModelInfo) -> BlockLayout:
         dtype = getattr(torch, info.dtype, None)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise ValueError(f"model dtype {info.dtype!r} is not a torch floating-point dtype")
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"model dtype {info.dtype!r} is not a torch dtype")
         return cls(info.num_layers, info.block_size, info.num_kv_heads, info.head_dim, dtype)
 
     def shape(self, num_blocks: int) -> tuple[int, ...]:

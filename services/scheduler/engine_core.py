@@ -185,18 +185,18 @@ class EngineCore:
             return []
         if self.kv_manager is None:
             raise RuntimeError("the policy swapped KV but the engine has no KV manager")
-        failed = []
-        for rid, blocks in out.swapped_out:
+        failed, handles = [], []
+        for is_out, rid, blocks in out.swap_sequence:
             try:
-                self._swap_outs.append(self.kv_manager.swap_out(rid, blocks))
+                if is_out:
+                    # The token count keeps INT8 scales off the unwritten tail of a block.
+                    tokens = self.scheduler.state.requests[rid].num_computed_tokens
+                    self._swap_outs.append(self.kv_manager.swap_out(rid, blocks, tokens))
+                else:
+                    handles.append((rid, self.kv_manager.swap_in(rid, blocks)))
             except Exception as exc:  # noqa: BLE001 - the state and the pool disagree: say so
-                failed.append(self._fail_request(rid, f"swap-out failed: {exc}"))
-        handles = []
-        for rid, blocks in out.swapped_in:
-            try:
-                handles.append((rid, self.kv_manager.swap_in(rid, blocks)))
-            except Exception as exc:  # noqa: BLE001
-                failed.append(self._fail_request(rid, f"swap-in failed: {exc}"))
+                failed.append(self._fail_request(rid, f"swap-{'out' if is_out else 'in'} "
+                                                      f"failed: {exc}"))
         for rid, handle in handles:
             try:
                 handle.wait()

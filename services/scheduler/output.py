@@ -27,6 +27,9 @@ class SchedulerOutput:
     # a swap-out may be refilled by a swap-in of the same iteration.
     swapped_out: list[tuple[str, list[int]]] = field(default_factory=list)
     swapped_in: list[tuple[str, list[int]]] = field(default_factory=list)
+    # Both kinds in the order the policy made them (a request may go out and back in, or in
+    # and out, within one iteration; the copies must follow that order): (is_out, id, blocks).
+    swap_sequence: list[tuple[bool, str, list[int]]] = field(default_factory=list)
     swap_refusals: list[tuple[str, str]] = field(default_factory=list)   # (request id, why)
     # FluidInfer: attention runs wave by wave, each a list of indices into ``scheduled``.
     waves: list[list[int]] | None = None

@@ -110,10 +110,10 @@ class Scheduler:
                 request.metrics.first_scheduled_time = now
         return output
 
-    def release_swapped_blocks(self) -> int:
-        """The swap-out copies of earlier iterations have finished: their device blocks may be
-        handed out again."""
-        return self.state.block_manager.release_deferred()
+    def release_swapped_blocks(self) -> None:
+        """The iteration's swap copies have finished: the device blocks swap-outs read and the
+        host blocks swap-ins read may be handed out again."""
+        self.state.release_swapped()
 
     def _drop_table(self, request_id: str) -> None:
         if self._sent.pop(request_id, None) is not None:

@@ -29,6 +29,9 @@ class SchedulerState:
         # Free blocks of the host KV tier, as last reported by the KV manager (0: no tier).
         self.num_host_blocks = num_host_blocks
         self.num_free_host_blocks = num_host_blocks
+        # Host blocks of swap-ins still being copied: free again after the iteration, as the
+        # KV manager frees them only once the copy is done.
+        self.num_pending_host_blocks = 0
         self.swap_refusals = 0
         self.counts: Counter[RequestStatus] = Counter()
         self.now = 0.0
@@ -76,6 +79,7 @@ class SchedulerState:
         """Move the request's KV to the host tier; its computed tokens survive. False (and
         the reason in ``output.swap_refusals``) when the host tier cannot take it: the policy
         then keeps it running or preempts it instead."""
+        assert request.status is RequestStatus.RUNNING, request
         rid = request.request_id
         # Only blocks holding computed tokens travel; an allocation made ahead (exact
         # allocation for a predicted length) is simply freed.
@@ -92,6 +96,7 @@ class SchedulerState:
         self.num_preemptions += 1
         self._set_status(request, RequestStatus.SWAPPED)
         output.swapped_out.append((rid, list(blocks[:need])))
+        output.swap_sequence.append((True, rid, list(blocks[:need])))
         return True
 
     def swap_in(self, request: Request, output: SchedulerOutput) -> bool:
@@ -100,11 +105,20 @@ class SchedulerState:
         rid = request.request_id
         if not self.block_manager.allocate_slots(rid, request.num_computed_tokens):
             return False
-        self.num_free_host_blocks += self.config.blocks_for(request.num_computed_tokens)
+        self.num_pending_host_blocks += self.config.blocks_for(request.num_computed_tokens)
         self._set_status(request, RequestStatus.RUNNING)
         self.running[rid] = request
-        output.swapped_in.append((rid, list(self.block_manager.block_table(rid))))
+        table = list(self.block_manager.block_table(rid))
+        output.swapped_in.append((rid, table))
+        output.swap_sequence.append((False, rid, table))
         return True
+
+    def release_swapped(self) -> None:
+        """The iteration's copies are done: swap-outs' device blocks and swap-ins' host blocks
+        may be handed out again."""
+        self.block_manager.release_deferred()
+        self.num_free_host_blocks += self.num_pending_host_blocks
+        self.num_pending_host_blocks = 0
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         # Finished requests leave the tracked set, so they drop out of the status counts.
@@ -140,7 +154,8 @@ class SchedulerState:
         assert set(self.running) == running, f"running set {set(self.running) ^ running} off"
         held = sum(self.config.blocks_for(r.num_computed_tokens) for r in self.requests.values()
                    if r.status is RequestStatus.SWAPPED)
-        assert held + self.num_free_host_blocks == self.num_host_blocks, (
-            f"host blocks: {held} held + {self.num_free_host_blocks} free != {self.num_host_blocks}")
+        free, pending = self.num_free_host_blocks, self.num_pending_host_blocks
+        assert held + free + pending == self.num_host_blocks, (
+            f"host blocks: {held} held + {free} free + {pending} pending != {self.num_host_blocks}")
         live = Counter(r.status for r in self.requests.values())
         assert +self.counts == +live, f"status counts {dict(self.counts)} != {dict(live)}"

@@ -131,7 +131,8 @@ def test_swapped_out_kv_comes_back_intact(monkeypatch):
     from swap_policy import SwapOncePolicy
     monkeypatch.setitem(POLICIES, SwapOncePolicy.name, SwapOncePolicy)
     reference = generate_all(make_engine(), PROMPTS[:3], max_tokens=8)
-    engine = make_engine(SwapOncePolicy.name)
+    engine = make_engine(SwapOncePolicy.name, swap_space_gib=0.001)
     got = generate_all(engine, PROMPTS[:3], max_tokens=8)
     assert engine.stats().num_preemptions == 1
+    assert engine.kv_manager.stats().bytes_swapped_in > 0
     assert {k: v.token_ids for k, v in got.items()} == {k: v.token_ids for k, v in reference.items()}

@@ -77,10 +77,17 @@ class FluidInferPolicy(FcfsPolicy):
         offload the longest-resident requests instead (they sit out this iteration and their
         blocks, freed after the copy, take the upload of the next)."""
         for _ in range(min(len(self.swapped), self.options.max_swaps_per_step)):
-            if not state.swap_in(self.swapped[0], output):
+            if not self._fits_with_headroom(state, self.swapped[0]) or not state.swap_in(
+                    self.swapped[0], output):
                 self._offload(state, output)
                 return
             self.swapped.popleft()
+
+    def _fits_with_headroom(self, state: SchedulerState, req: Request) -> bool:
+        # An upload must leave each resident request room for its next block, else it is
+        # evicted again before it runs and the two sets trade places forever.
+        need = self.config.blocks_for(req.num_computed_tokens + 1)
+        return need + len(state.running) <= state.block_manager.num_free_blocks
 
     def _offload(self, state: SchedulerState, output: SchedulerOutput) -> None:
         uploaded = {rid for rid, _ in output.swapped_in}
@@ -109,7 +116,9 @@ class FluidInferPolicy(FcfsPolicy):
         """Evict the latest-admitted request not yet in the batch: to the host when it has
         room (the request then waits for the copy), else by recompute."""
         allocate = state.block_manager.allocate_slots
-        taken = {r.request_id for r, _ in output.scheduled}
+        # Never evict a request scheduled or uploaded this iteration: it would come straight
+        # back, and the iteration would make no progress.
+        taken = {r.request_id for r, _ in output.scheduled} | {rid for rid, _ in output.swapped_in}
         while True:
             victim = next((r for r in reversed(state.running.values())
                            if r.request_id not in taken), req)
