@@ -91,8 +91,23 @@ class KVCachePool:
         if tuple(data.shape) != want:
             raise InvalidRequestError(
                 f"imported KV data has shape {tuple(data.shape)}, expected {want}", field="data")
-        idx = torch.tensor(block_ids, dtype=torch.long, device=self.cache.device)
-        self.cache[:, :, idx] = data.to(device=self.cache.device, dtype=self.cache.dtype)
+        data = data.to(device=self.cache.device, dtype=self.cache.dtype)
+        # Runs of consecutive blocks as slice copies: an indexed write (index_put) runs at
+        # about half of memcpy speed for 2-byte dtypes on CPUs, and swapped blocks are mostly
+        # allocated in runs.
+        for start, src, length in _runs(block_ids):
+            self.cache[:, :, start:start + length].copy_(data[:, :, src:src + length])
+
+
+def _runs(block_ids: list[int]):
+    """(first block id, position in block_ids, length) of each run of consecutive ids."""
+    i = 0
+    while i < len(block_ids):
+        j = i + 1
+        while j < len(block_ids) and block_ids[j] == block_ids[j - 1] + 1:
+            j += 1
+        yield block_ids[i], i, j - i
+        i = j
 
 
 def slot_mapping(block_table: list[int], start: int, num_tokens: int, block_size: int) -> list[int]:
