@@ -49,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     add_engine_arguments(p)
     p.set_defaults(predictor=env("LENSERVE_PREDICTOR", "none"))
+    p.add_argument("--kafka-bootstrap", default=env("LENSERVE_KAFKA_BOOTSTRAP"),
+                   help="send completion records to Kafka (the predictor learns from them)")
     # Loopback unless told otherwise: exposing the service is a deployment decision.
     p.add_argument("--host", default=env("LENSERVE_SCHEDULER_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env("LENSERVE_SCHEDULER_PORT", DEFAULT_PORT)))
@@ -59,7 +61,8 @@ def config_from_args(args: argparse.Namespace) -> SchedulerServiceConfig:
     engine = EngineConfig(model=args.model, policy=args.policy, block_size=args.block_size,
                           max_model_len=args.max_model_len,
                           max_num_batched_tokens=args.max_num_batched_tokens, dtype=args.dtype,
-                          device=args.device, **engine_options(args))
+                          device=args.device, kafka_bootstrap=args.kafka_bootstrap,
+                          **engine_options(args))
     return SchedulerServiceConfig(engine, args.executor, args.host, args.port, args.grace)
 
 
