@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "lenserve.commands.predictor",
     "lenserve.commands.serve",
     "lenserve.commands.up",
+    "lenserve.commands.bench_transport",
 ]
 
 
