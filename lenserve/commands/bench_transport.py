@@ -5,6 +5,7 @@ transport's overhead (serialisation, the loopback round trip, the server's threa
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import subprocess
 import sys
@@ -22,6 +23,9 @@ def register(subparsers) -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--num-gpu-blocks", type=int, default=256)
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of each transport")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads on both sides (equal, so only the transport differs; "
+                        "more threads than free cores makes OpenMP wait on descheduled threads)")
     p.set_defaults(func=run)
 
 
@@ -37,7 +41,8 @@ def start_executor(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "services.executor", "--model", args.model,
                              "--port", str(port), "--num-gpu-blocks", str(args.num_gpu_blocks)],
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
     deadline = time.monotonic() + 300
     while not check_health(f"127.0.0.1:{port}"):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -63,8 +68,12 @@ def time_steps(engine, args: argparse.Namespace) -> tuple[float, int, list[int]]
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from lenserve.engine.llm_engine import EngineConfig, LLMEngine
     from services.executor.client import ExecutorClient
+
+    torch.set_num_threads(args.threads)
 
     config = EngineConfig(model=args.model, num_gpu_blocks=args.num_gpu_blocks)
     local = LLMEngine(config)
@@ -91,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(args, results: dict[str, list[float]], steps: int, same: bool) -> None:
     print(f"model {args.model}: {args.num_requests} requests x {args.prompt_len} prompt + "
-          f"{args.output_len} output tokens, {steps} steps per run; ms per step, min-max of "
-          f"{args.rounds} runs")
+          f"{args.output_len} output tokens, {steps} steps per run, {args.threads} torch "
+          f"thread(s) each side; ms per step, min-max of {args.rounds} runs")
     for name, ms in results.items():
         print(f"  {name:<10} {min(ms):8.3f} - {max(ms):8.3f}")
     overhead = [g - i for g, i in zip(results["grpc"], results["in-process"])]
