@@ -20,6 +20,9 @@ COMMAND_MODULES = [
     "lenserve.commands.bench_scheduler",
     "lenserve.commands.bench_swap",
     "lenserve.commands.predictor",
+    "lenserve.commands.serve",
+    "lenserve.commands.up",
+    "lenserve.commands.bench_transport",
 ]
 
 

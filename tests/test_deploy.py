@@ -36,3 +36,42 @@ def test_worker_runs_the_celery_app_that_defines_the_task():
     app = worker[worker.index("-A") + 1]
     module = __import__(app, fromlist=["retrain_mlp"])
     assert hasattr(module, "retrain_mlp")
+
+
+def _flag(command: list[str], name: str) -> str | None:
+    return command[command.index(name) + 1] if name in command else None
+
+
+def test_every_lenserve_service_has_a_health_check_on_its_own_port():
+    for name, svc in _lenserve_services().items():
+        if "command" not in svc:
+            continue
+        port = _flag(svc["command"], "--port")
+        assert port and f"127.0.0.1:{port}" in " ".join(svc["healthcheck"]["test"]), name
+
+
+def test_grpc_targets_name_a_service_listening_there():
+    services = COMPOSE["services"]
+    for svc in _lenserve_services().values():
+        for flag in ("--executor", "--predictor"):
+            target = _flag(svc.get("command", []), flag)
+            if target is None or not target.startswith("grpc://"):
+                continue
+            host, port = target.removeprefix("grpc://").split(":")
+            assert host in services, f"{flag} {target}: no service {host!r}"
+            assert _flag(services[host]["command"], "--port") == port, target
+
+
+def test_start_order_waits_for_healthy_dependencies():
+    services = COMPOSE["services"]
+    depends = services["scheduler"]["depends_on"]
+    for dep in ("executor", "predictor"):
+        assert depends[dep]["condition"] == "service_healthy" and "healthcheck" in services[dep]
+
+
+def test_health_checks_run_code_that_exists():
+    from services.rpc import check_health  # noqa: F401 - the scheduler/executor checks call it
+    parser = build_parser()
+    for name in ("scheduler", "executor"):
+        args = parser.parse_args(COMPOSE["services"][name]["command"])
+        assert args.func.__module__.startswith("services."), name

@@ -1,36 +1,5 @@
-"""Engine flags shared by ``generate``, ``bench`` and ``serve``: the policy's options, the
-length predictor, the KV pool and the host tier. Parsed here once."""
-from __future__ import annotations
+"""Engine flags shared by ``generate``, ``bench`` and the scheduler service (defined beside
+the scheduler, which parses them too)."""
+from services.scheduler.engine_args import add_engine_arguments, engine_options
 
-import argparse
-
-from services.scheduler.policies import POLICIES
-
-
-def add_engine_arguments(p: argparse.ArgumentParser, *, policy: bool = False) -> None:
-    if policy:
-        p.add_argument("--policy", default="vllm",
-                       help=f"scheduling policy: {', '.join(sorted(POLICIES))}")
-    p.add_argument("--policy-config", nargs="+", metavar="KEY=VALUE",
-                   help="options of the policy, e.g. aging_rate=0.5 (unknown keys are refused)")
-    p.add_argument("--predictor", default="none",
-                   help="output-length predictor: none, embedded (in-process, seeded from a "
-                        "bundled ShareGPT sample), oracle (the true length), grpc://HOST:PORT")
-    p.add_argument("--predictor-seed", metavar="FILE",
-                   help="JSON lines of {\"prompt\", \"output_len\"} to seed the embedded predictor")
-    if not any(a.dest == "num_gpu_blocks" for a in p._actions):
-        p.add_argument("--num-gpu-blocks", type=int, default=None,
-                       help="device KV blocks (default: from memory); size it against the "
-                            "workload to make requests queue")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="requests resident at once")
-    p.add_argument("--swap-space", type=float, default=0.0, metavar="GIB",
-                   help="host KV tier for swapped requests (0: none; policies recompute)")
-    p.add_argument("--kv-int8", action="store_true", help="store swapped KV in channel-wise INT8")
-
-
-def engine_options(args: argparse.Namespace) -> dict:
-    """EngineConfig fields from the flags above."""
-    return dict(policy_config=tuple(args.policy_config or ()), predictor=args.predictor,
-                predictor_seed=args.predictor_seed, num_gpu_blocks=args.num_gpu_blocks,
-                max_num_seqs=args.max_num_seqs, swap_space_gib=args.swap_space,
-                kv_int8=args.kv_int8)
+__all__ = ["add_engine_arguments", "engine_options"]

@@ -83,7 +83,7 @@ class ErrorDetail(_message.Message):
     def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., field: _Optional[str] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "prompt_token_ids", "sampling_params", "arrival_time", "slo_deadline_s", "priority")
+    __slots__ = ("request_id", "model", "prompt", "prompt_token_ids", "sampling_params", "arrival_time", "slo_deadline_s", "priority", "predicted_output_len")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class Request(_message.Message):
     ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
     SLO_DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_OUTPUT_LEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt: str
@@ -100,10 +101,11 @@ class Request(_message.Message):
     arrival_time: float
     slo_deadline_s: float
     priority: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., slo_deadline_s: _Optional[float] = ..., priority: _Optional[int] = ...) -> None: ...
+    predicted_output_len: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., slo_deadline_s: _Optional[float] = ..., priority: _Optional[int] = ..., predicted_output_len: _Optional[int] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("request_id", "token_ids", "text", "finished", "finish_reason", "num_prompt_tokens", "num_output_tokens", "error")
+    __slots__ = ("request_id", "token_ids", "text", "finished", "finish_reason", "num_prompt_tokens", "num_output_tokens", "error", "prompt_token_ids", "stop_string", "stop_token_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +114,9 @@ class TokenChunk(_message.Message):
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    STOP_STRING_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
@@ -120,7 +125,10 @@ class TokenChunk(_message.Message):
     num_prompt_tokens: int
     num_output_tokens: int
     error: ErrorDetail
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., num_prompt_tokens: _Optional[int] = ..., num_output_tokens: _Optional[int] = ..., error: _Optional[_Union[ErrorDetail, _Mapping]] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    stop_string: str
+    stop_token_id: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., num_prompt_tokens: _Optional[int] = ..., num_output_tokens: _Optional[int] = ..., error: _Optional[_Union[ErrorDetail, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ...) -> None: ...
 
 class Prediction(_message.Message):
     __slots__ = ("length", "source", "top_similarity", "upper_quantile", "error")

@@ -22,7 +22,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SchedulerStats(_message.Message):
-    __slots__ = ("policy", "num_waiting", "num_running", "num_preempted", "num_free_blocks", "num_total_blocks", "num_iterations", "num_finished")
+    __slots__ = ("policy", "num_waiting", "num_running", "num_preempted", "num_free_blocks", "num_total_blocks", "num_iterations", "num_finished", "num_preemptions", "num_swapped", "num_free_host_blocks", "num_host_blocks")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,10 @@ class SchedulerStats(_message.Message):
     NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
     NUM_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SWAPPED_FIELD_NUMBER: _ClassVar[int]
+    NUM_FREE_HOST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_HOST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     policy: str
     num_waiting: int
     num_running: int
@@ -39,4 +43,8 @@ class SchedulerStats(_message.Message):
     num_total_blocks: int
     num_iterations: int
     num_finished: int
-    def __init__(self, policy: _Optional[str] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_preempted: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_iterations: _Optional[int] = ..., num_finished: _Optional[int] = ...) -> None: ...
+    num_preemptions: int
+    num_swapped: int
+    num_free_host_blocks: int
+    num_host_blocks: int
+    def __init__(self, policy: _Optional[str] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_preempted: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_iterations: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_swapped: _Optional[int] = ..., num_free_host_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ...) -> None: ...

@@ -1,12 +1,15 @@
 """ExecutorInput / ExecutorOutput to and from ``executor.proto`` (field for field)."""
 from __future__ import annotations
 
+import dataclasses
+
 from lenserve_contract.convert import sampling_params_from_proto, sampling_params_to_proto
 from lenserve_contract.proto import executor_pb2 as pb
 from services.executor.types import (
     ExecutorInput,
     ExecutorOutput,
     IterationTimings,
+    ModelInfo,
     ScheduledSequence,
 )
 
@@ -69,3 +72,13 @@ def _moves(pairs: list[tuple[int, int]]) -> list[pb.BlockMove]:
 
 def _pairs(moves) -> list[tuple[int, int]]:
     return [(m.src, m.dst) for m in moves]
+
+
+def model_info_to_proto(info: ModelInfo) -> pb.ModelInfo:
+    return pb.ModelInfo(**dataclasses.asdict(info))
+
+
+def model_info_from_proto(msg: pb.ModelInfo) -> ModelInfo:
+    fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(ModelInfo)}
+    fields["eos_token_id"] = msg.eos_token_id if msg.HasField("eos_token_id") else None
+    return ModelInfo(**fields)

@@ -8,6 +8,11 @@ import torch
 from services.executor.types import ExecutorInput, ExecutorOutput, ModelInfo
 
 
+class ExecutorUnavailableError(RuntimeError):
+    """The executor could not run an iteration for a known outside reason (its process is
+    down or restarting); the message says which, a traceback would add nothing."""
+
+
 class Executor(ABC):
     @abstractmethod
     def model_info(self) -> ModelInfo:

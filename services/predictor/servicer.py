@@ -5,15 +5,15 @@ import asyncio
 import logging
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from lenserve_contract.proto import predictor_pb2, predictor_pb2_grpc
+from services import rpc
 from services.predictor import convert
 from services.predictor.core import Predictor
 from services.predictor.types import PredictionError
 
 log = logging.getLogger(__name__)
-SERVICE_NAME = "lenserve_contract.proto.PredictorService"
+SERVICE_NAME = "lenserve.proto.PredictorService"
 # A batch bigger than this is a client bug; refuse it rather than stall every other caller.
 MAX_PROMPTS_PER_CALL = 4096
 
@@ -46,16 +46,11 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServiceServicer):
 
 def build_server(predictor: Predictor, address: str) -> tuple[grpc.aio.Server, int]:
     """An unstarted grpc.aio server on address ('127.0.0.1:0' picks a free port)."""
-    server = grpc.aio.server()
-    predictor_pb2_grpc.add_PredictorServiceServicer_to_server(PredictorServicer(predictor), server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise ValueError(f"cannot bind the predictor service to {address}")
-    server.health = health_servicer  # type: ignore[attr-defined]
+    server, port = rpc.new_server(address, "predictor")
+    # Undecodable bytes get INVALID_ARGUMENT, not grpc's INTERNAL with a logged traceback.
+    rpc.add_service(server, predictor_pb2_grpc.add_PredictorServiceServicer_to_server,
+                    PredictorServicer(predictor))
     return server, port
 
 async def mark_serving(server) -> None:
-    for name in ("", SERVICE_NAME):
-        await server.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await rpc.mark_serving(server, [SERVICE_NAME])

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from lenserve_contract.errors import InvalidRequestError
 from lenserve_contract.outputs import CompletionOutput, RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
-from services.executor.interface import Executor
+from services.executor.interface import Executor, ExecutorUnavailableError
 from services.executor.types import ExecutorOutput
 from services.kvmanager.interface import KVManager, SwapHandle
 from services.predictor.interface import PredictQuery
@@ -157,7 +157,10 @@ class EngineCore:
             result = (self.executor.execute(scheduler.make_executor_input(out)) if out.scheduled
                       else ExecutorOutput(out.iteration, {}))
         except Exception as exc:
-            logger.exception("iteration %d failed", out.iteration)
+            if isinstance(exc, ExecutorUnavailableError):
+                logger.error("iteration %d failed: %s", out.iteration, exc)
+            else:
+                logger.exception("iteration %d failed", out.iteration)
             self._finish_swap_outs()
             return failed + self._fail_batch(out, exc)
         t3 = time.perf_counter()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from services.executor import factory
+from services.executor.factory import FAKE_MODEL  # noqa: F401 - re-exported
 from services.executor.interface import Executor
 from services.scheduler.config import SchedulerConfig
 
 log = logging.getLogger(__name__)
-
-FAKE_MODEL = "fake"   # deterministic model-free executor (services/executor/fake.py)
 
 
 @dataclass(frozen=True)
@@ -47,19 +47,12 @@ class EngineConfig:
 
 
 def build_executor(config: EngineConfig) -> Executor:
-    if config.model == FAKE_MODEL:
-        from services.executor.fake import FakeExecutor
-        return FakeExecutor(num_gpu_blocks=config.num_gpu_blocks or 1024,
-                            block_size=config.block_size,
-                            max_model_len=config.max_model_len or 2048)
-    # Imported lazily: the model code pulls in transformers and the attention kernels.
-    from services.executor.runner import InProcessExecutor
-    return InProcessExecutor(
+    return factory.build_executor(factory.ExecutorConfig(
         config.model, block_size=config.block_size, num_gpu_blocks=config.num_gpu_blocks,
         kv_cache_memory_bytes=config.kv_cache_memory_bytes,
         attention_backend=config.attention_backend, dtype=config.dtype, device=config.device,
         max_model_len=config.max_model_len, seed=config.seed,
-        skip_tokenizer_init=config.skip_tokenizer_init)
+        skip_tokenizer_init=config.skip_tokenizer_init))
 
 
 def scheduler_config(config: EngineConfig, executor: Executor) -> SchedulerConfig:

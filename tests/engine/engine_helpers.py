@@ -18,10 +18,14 @@ class TickClock:
 
 
 def make_engine(policy: str = "vllm", num_gpu_blocks: int = 64, block_size: int = 4,
-                max_model_len: int = 128, eos_period: int = 0, executor=None,
+                max_model_len: int = 128, eos_period: int = 0, executor=None, transport=None,
                 **config) -> LLMEngine:
+    """``transport``: wraps the executor (``tests.executor.remote.Transports``: in-process or
+    a gRPC client of it)."""
     executor = executor or FakeExecutor(num_gpu_blocks=num_gpu_blocks, block_size=block_size,
                                         max_model_len=max_model_len, eos_period=eos_period)
+    if transport is not None:
+        executor = transport(executor)
     cfg = EngineConfig(model="fake", policy=policy, check_integrity=True,
                        max_model_len=max_model_len, **config)
     return LLMEngine(cfg, executor=executor, clock=TickClock())

@@ -8,6 +8,15 @@ from services.scheduler.policies import POLICIES, register_policy  # noqa: F401
 PROMPTS = [f"prompt number {i}: " + "x" * (3 * i) for i in range(8)]
 
 
+@pytest.fixture(params=["inprocess", "grpc"])
+def transport(request):
+    """The executor in this process, or behind its gRPC service: the same tokens either way."""
+    from tests.executor.remote import Transports
+    wrap = Transports(request.param)
+    yield wrap
+    wrap.close()
+
+
 def generate_all(engine, prompts=PROMPTS, **params):
     for i, p in enumerate(prompts):
         engine.add_request(str(i), prompt=p, sampling_params=SamplingParams(temperature=0, **params))
@@ -15,10 +24,11 @@ def generate_all(engine, prompts=PROMPTS, **params):
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-def test_outputs_do_not_depend_on_policy_batching_or_preemption(policy):
+def test_outputs_do_not_depend_on_policy_batching_or_preemption(policy, transport):
     reference = generate_all(make_engine("vllm", num_gpu_blocks=256, max_model_len=128),
                              max_tokens=12)
-    tight = make_engine(policy, num_gpu_blocks=20, max_model_len=80, max_num_batched_tokens=16)
+    tight = make_engine(policy, num_gpu_blocks=20, max_model_len=80, max_num_batched_tokens=16,
+                        transport=transport)
     got = generate_all(tight, max_tokens=12)
     assert {k: v.token_ids for k, v in got.items()} == {k: v.token_ids for k, v in reference.items()}
     assert {k: v.text for k, v in got.items()} == {k: v.text for k, v in reference.items()}
@@ -26,18 +36,18 @@ def test_outputs_do_not_depend_on_policy_batching_or_preemption(policy):
         assert tight.stats().num_preemptions > 0
 
 
-def test_stop_string_truncates_text_before_it():
+def test_stop_string_truncates_text_before_it(transport):
     full = generate_all(make_engine(), ["abc"], max_tokens=20)["0"]
     stop = full.text[5:7]
     first = full.text.find(stop)
-    out = generate_all(make_engine(), ["abc"], max_tokens=20, stop=[stop])["0"]
+    out = generate_all(make_engine(transport=transport), ["abc"], max_tokens=20, stop=[stop])["0"]
     assert out.text == full.text[:first]
     assert (out.finish_reason, out.stop_reason) == ("stop", stop)
     assert out.token_ids == full.token_ids[: first + len(stop)]
 
 
-def test_eos_ends_generation_unless_ignored():
-    engine = make_engine(eos_period=5)
+def test_eos_ends_generation_unless_ignored(transport):
+    engine = make_engine(eos_period=5, transport=transport)
     out = generate_all(engine, ["hello"], max_tokens=200)["0"]
     assert out.finish_reason == "stop" and out.token_ids[-1] == CharTokenizer().eos_token_id
     ignored = generate_all(make_engine(eos_period=5), ["hello"], max_tokens=40, ignore_eos=True)["0"]
@@ -92,8 +102,8 @@ def test_abort_returns_a_final_output_and_frees_the_request():
     assert engine.stats().num_free_blocks == 64
 
 
-def test_executor_failure_ends_only_that_batch():
-    engine = make_engine()
+def test_executor_failure_ends_only_that_batch(transport):
+    engine = make_engine(transport=transport)
     real_execute = engine.executor.execute
     calls = {"n": 0}
 
@@ -112,8 +122,8 @@ def test_executor_failure_ends_only_that_batch():
     assert run_to_completion(engine)["b"].outputs[0].finish_reason == "length"
 
 
-def test_delta_outputs_add_up_to_the_cumulative_ones():
-    engine = make_engine()
+def test_delta_outputs_add_up_to_the_cumulative_ones(transport):
+    engine = make_engine(transport=transport)
     params = SamplingParams(max_tokens=15, temperature=0, stop=["zz"])
     engine.add_request("c", prompt="abc", sampling_params=params)
     engine.add_request("d", prompt="abc", sampling_params=params, delta=True)

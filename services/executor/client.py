@@ -1,0 +1,94 @@
+"""The ``Executor`` interface over gRPC: what the scheduler uses for a remote executor.
+
+Calls fail fast when the executor is down (the engine ends that iteration's requests with
+finish_reason "error"). After a failure the next call first waits up to
+``reconnect_wait_s`` for the executor to come back, so requests that arrive during a restart
+succeed instead of failing in the channel's reconnect backoff. The executor's tables and KV are gone after a
+restart: a request that kept running across it fails on its next block-table delta rather
+than decoding from lost KV."""
+from __future__ import annotations
+
+import grpc
+import torch
+
+from lenserve_contract.errors import InvalidRequestError
+from lenserve_contract.proto import executor_pb2, executor_pb2_grpc
+from services import rpc
+from services.executor import convert
+from services.executor.interface import Executor, ExecutorUnavailableError
+from services.executor.types import ExecutorInput, ExecutorOutput, ModelInfo
+
+
+class ExecutorClient(Executor):
+    """``tokenizer_model``: what to load the tokenizer from (default: the executor's model
+    name, which is enough for presets and the fake; give the checkpoint path otherwise)."""
+
+    def __init__(self, target: str, *, timeout_s: float = 300.0, connect_timeout_s: float = 60.0,
+                 reconnect_wait_s: float = 2.0, tokenizer_model: str | None = None):
+        self.target = rpc.strip_scheme(target)
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.reconnect_wait_s = reconnect_wait_s
+        self._lost = False            # the last call found the executor unreachable
+        self._tokenizer_model = tokenizer_model
+        self._tokenizer = None
+        self._info: ModelInfo | None = None
+        self._channel = grpc.insecure_channel(self.target, options=rpc.CHANNEL_OPTIONS)
+        self._stub = executor_pb2_grpc.ExecutorServiceStub(self._channel)
+
+    def model_info(self) -> ModelInfo:
+        if self._info is None:
+            # Waits for the executor to come up: the scheduler may start first.
+            msg = self._call(self._stub.GetModelInfo, executor_pb2.ModelInfoRequest(),
+                             self.connect_timeout_s, wait_for_ready=True)
+            self._info = convert.model_info_from_proto(msg)
+        return self._info
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from services.executor.factory import load_tokenizer
+            self._tokenizer = load_tokenizer(self._tokenizer_model or self.model_info().name)
+        return self._tokenizer
+
+    def execute(self, batch: ExecutorInput) -> ExecutorOutput:
+        if self._lost:
+            self._await_reconnect()
+        msg = self._call(self._stub.Execute, convert.input_to_proto(batch), self.timeout_s)
+        return convert.output_from_proto(msg)
+
+    def _await_reconnect(self) -> None:
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=self.reconnect_wait_s)
+        except grpc.FutureTimeoutError:
+            pass   # still down: the call below fails fast and says so
+
+    def _call(self, method, request, timeout_s: float, wait_for_ready: bool = False):
+        try:
+            response = method(request, timeout=timeout_s, wait_for_ready=wait_for_ready)
+        except grpc.RpcError as err:
+            self._lost = err.code() == grpc.StatusCode.UNAVAILABLE
+            if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise InvalidRequestError(err.details() or "", field=_field(err)) from None
+            raise ExecutorUnavailableError(
+                f"executor at {self.target}: {err.code().name}: {err.details()}") from None
+        self._lost = False
+        return response
+
+    def export_blocks(self, block_ids: list[int], out: torch.Tensor | None = None):
+        raise NotImplementedError("block data of a remote executor moves over shared memory "
+                                  "with a kvmanager, not through this client")
+
+    def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
+        raise NotImplementedError("block data of a remote executor moves over shared memory "
+                                  "with a kvmanager, not through this client")
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def _field(err: grpc.RpcError) -> str:
+    for key, value in err.trailing_metadata() or ():
+        if key == rpc.FIELD_METADATA_KEY:
+            return value
+    return ""

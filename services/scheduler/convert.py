@@ -1,0 +1,101 @@
+"""Generation requests, output deltas and stats to and from ``scheduler.proto``/``common.proto``.
+
+A stream's first chunk carries the prompt's token ids; the client keeps them, so every
+``RequestOutput`` it yields looks like the ``AsyncEngine``'s (token and text deltas)."""
+from __future__ import annotations
+
+import dataclasses
+
+from lenserve_contract.convert import sampling_params_from_proto, sampling_params_to_proto
+from lenserve_contract.errors import InvalidRequestError
+from lenserve_contract.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from lenserve_contract.proto import common_pb2, scheduler_pb2
+from lenserve_contract.sampling_params import SamplingParams
+from services.scheduler.scheduler import SchedulerStats
+
+FINISH_TO_PB = {None: common_pb2.FINISH_REASON_UNSPECIFIED, "stop": common_pb2.FINISH_REASON_STOP,
+                "length": common_pb2.FINISH_REASON_LENGTH, "abort": common_pb2.FINISH_REASON_ABORT,
+                "error": common_pb2.FINISH_REASON_ERROR}
+FINISH_FROM_PB = {v: k for k, v in FINISH_TO_PB.items()}
+REQUEST_KWARGS = ("priority", "slo_deadline_s", "predicted_output_len")
+
+
+# -- requests -------------------------------------------------------------------------------
+def request_to_pb(request_id: str, prompt: str | None, sampling_params: SamplingParams | None,
+                  prompt_token_ids: list[int] | None, **kwargs) -> common_pb2.Request:
+    unknown = set(kwargs) - set(REQUEST_KWARGS)
+    if unknown:
+        raise TypeError(f"generate() got unexpected keyword arguments {sorted(unknown)}")
+    try:
+        return _request(request_id, prompt, sampling_params, prompt_token_ids, kwargs)
+    except (TypeError, ValueError) as exc:   # a value protobuf cannot hold: the caller's fault
+        raise InvalidRequestError(f"bad request: {exc}") from None
+
+
+def _request(request_id, prompt, sampling_params, prompt_token_ids, kwargs) -> common_pb2.Request:
+    msg = common_pb2.Request(request_id=request_id, prompt_token_ids=prompt_token_ids or [],
+                             priority=kwargs.get("priority") or 0)
+    if prompt is not None:
+        msg.prompt = prompt
+    if sampling_params is not None:
+        msg.sampling_params.CopyFrom(sampling_params_to_proto(sampling_params))
+    for name in ("slo_deadline_s", "predicted_output_len"):
+        if kwargs.get(name) is not None:
+            setattr(msg, name, kwargs[name])
+    return msg
+
+
+def request_from_pb(msg: common_pb2.Request) -> dict:
+    """``AsyncEngine.generate`` keyword arguments; bad sampling parameters raise
+    InvalidRequestError."""
+    kwargs = dict(prompt=msg.prompt if msg.HasField("prompt") else None, request_id=msg.request_id or None,
+                  prompt_token_ids=list(msg.prompt_token_ids) or None,
+                  sampling_params=sampling_params_from_proto(msg.sampling_params),
+                  priority=msg.priority)
+    for name in ("slo_deadline_s", "predicted_output_len"):
+        if msg.HasField(name):
+            kwargs[name] = getattr(msg, name)
+    return kwargs
+
+
+# -- outputs --------------------------------------------------------------------------------
+def chunk_from_output(out: RequestOutput, num_output_tokens: int,
+                      first: bool) -> common_pb2.TokenChunk:
+    """One delta of a stream; ``num_output_tokens`` is the count so far, this delta included."""
+    c = out.outputs[0]
+    chunk = common_pb2.TokenChunk(
+        request_id=out.request_id, token_ids=c.token_ids, text=c.text, finished=out.finished,
+        finish_reason=FINISH_TO_PB[c.finish_reason],
+        num_prompt_tokens=len(out.prompt_token_ids), num_output_tokens=num_output_tokens,
+        prompt_token_ids=out.prompt_token_ids if first else ())
+    if isinstance(c.stop_reason, str):
+        chunk.stop_string = c.stop_reason
+    elif isinstance(c.stop_reason, int):
+        chunk.stop_token_id = c.stop_reason
+    if out.error:
+        chunk.error.CopyFrom(common_pb2.ErrorDetail(code=common_pb2.ERROR_CODE_INTERNAL,
+                                                    message=out.error))
+    return chunk
+
+
+def output_from_chunk(chunk: common_pb2.TokenChunk, prompt: str | None,
+                      prompt_token_ids: list[int],
+                      metrics: RequestMetrics | None = None) -> RequestOutput:
+    which = chunk.WhichOneof("stop_reason")
+    completion = CompletionOutput(
+        index=0, text=chunk.text, token_ids=list(chunk.token_ids),
+        finish_reason=FINISH_FROM_PB.get(chunk.finish_reason),
+        stop_reason=getattr(chunk, which) if which else None)
+    error = chunk.error.message if chunk.HasField("error") else None
+    return RequestOutput(chunk.request_id, prompt, prompt_token_ids, [completion],
+                         chunk.finished, metrics, error)
+
+
+# -- stats ----------------------------------------------------------------------------------
+def stats_to_pb(stats: SchedulerStats) -> scheduler_pb2.SchedulerStats:
+    return scheduler_pb2.SchedulerStats(**dataclasses.asdict(stats))
+
+
+def stats_from_pb(msg: scheduler_pb2.SchedulerStats) -> SchedulerStats:
+    return SchedulerStats(**{f.name: getattr(msg, f.name)
+                             for f in dataclasses.fields(SchedulerStats)})

@@ -1,0 +1,178 @@
+"""One scenario, two fronts: the in-process AsyncEngine and the gRPC AsyncClient must behave
+alike (the REST gateway runs unchanged over either)."""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from lenserve.client import AsyncClient, Client
+from lenserve.engine.llm_engine import EngineConfig, LLMEngine
+from lenserve_contract.errors import InvalidRequestError
+from lenserve_contract.sampling_params import SamplingParams
+from services.scheduler.async_engine import AsyncEngine
+from services.scheduler.scheduler import SchedulerStats
+from services.scheduler.servicer import SERVICE_NAME, build_server, mark_serving
+
+CONFIG = EngineConfig(model="fake", block_size=4, num_gpu_blocks=64, max_model_len=128)
+GREEDY = dict(temperature=0)
+
+
+async def start_server(engine: AsyncEngine, port: int = 0):
+    server, port = build_server(engine, f"127.0.0.1:{port}")
+    await server.start()
+    await mark_serving(server)
+    return server, f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def served():
+    engine = AsyncEngine(CONFIG)
+    server, target = await start_server(engine)
+    yield engine, target
+    await server.stop(grace=1)
+    engine.shutdown()
+
+
+@pytest.fixture(params=["engine", "grpc"])
+async def front(request, served):
+    engine, target = served
+    if request.param == "engine":
+        yield engine
+        return
+    client = AsyncClient(target)
+    yield client
+    await client.close()
+
+
+async def collect(front, prompt, request_id=None, **params):
+    tokens, text, outs = [], "", []
+    async for out in front.generate(prompt, SamplingParams(**params), request_id):
+        tokens += out.outputs[0].token_ids
+        text += out.outputs[0].text
+        outs.append(out)
+    return tokens, text, outs
+
+
+def offline(prompts, **params):
+    engine = LLMEngine(CONFIG)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"s{i}", prompt=p, sampling_params=SamplingParams(**params))
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    return done
+
+
+async def test_streams_match_offline_generation(front):
+    prompts = [f"stream {i} " * (i + 1) for i in range(4)]
+    results = await asyncio.gather(*(collect(front, p, f"s{i}", max_tokens=8, **GREEDY)
+                                     for i, p in enumerate(prompts)))
+    expected = offline(prompts, max_tokens=8, **GREEDY)
+    for i, (tokens, text, outs) in enumerate(results):
+        final = expected[f"s{i}"]
+        assert (tokens, text) == (final.outputs[0].token_ids, final.outputs[0].text)
+        assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "length"
+        assert not any(o.finished for o in outs[:-1])
+        assert all(o.prompt_token_ids == final.prompt_token_ids for o in outs)
+
+
+async def test_stop_string_reports_its_reason(front):
+    full, _, _ = await collect(front, "abc", max_tokens=20, **GREEDY)
+    text = "".join(chr(t) for t in full)
+    _, got, outs = await collect(front, "abc", max_tokens=20, stop=[text[5:7]], **GREEDY)
+    assert got == text[:text.find(text[5:7])]
+    assert (outs[-1].outputs[0].finish_reason, outs[-1].outputs[0].stop_reason) == ("stop",
+                                                                                    text[5:7])
+
+
+async def test_bad_input_raises_invalid_request_with_its_field(front):
+    with pytest.raises(InvalidRequestError, match="empty") as err:
+        await collect(front, "")
+    assert err.value.field == "prompt"
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        await collect(front, "hi", temperature=-1.0)
+    tokens, _, _ = await collect(front, "still serving", max_tokens=3)
+    assert len(tokens) == 3
+
+
+async def test_abort_and_early_close_end_requests(front):
+    stream = front.generate("abort me", SamplingParams(max_tokens=500, ignore_eos=True), "ab")
+    first = await stream.__anext__()
+    assert not first.finished and await front.abort("ab")
+    rest = [out async for out in stream]
+    assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
+    assert not await front.abort("ab")
+    async for _ in front.generate("closed early", SamplingParams(max_tokens=500), "early"):
+        break                                   # the caller walks away: the request is aborted
+    for _ in range(100):
+        stats = await front.stats()
+        if stats.num_running == stats.num_waiting == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert isinstance(stats, SchedulerStats) and stats.policy == "vllm"
+    assert (stats.num_running, stats.num_waiting, stats.num_free_blocks) == (0, 0, 64)
+
+
+async def test_health_and_malformed_bytes(served):
+    _, target = served
+    async with grpc.aio.insecure_channel(target) as channel:
+        resp = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=SERVICE_NAME))
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        for method, kind in (("Generate", channel.unary_stream), ("Abort", channel.unary_unary)):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                call = kind(f"/{SERVICE_NAME}/{method}")(b"\xff\xff\xff\xff", timeout=5)
+                await (call.read() if method == "Generate" else call)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_deadline_aborts_the_request(served):
+    engine, target = served
+    async with AsyncClient(target) as client:
+        stream = client.generate("slow", SamplingParams(max_tokens=120, ignore_eos=True),
+                                 timeout_s=0.01)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _consume(stream)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    for _ in range(100):
+        if (await engine.stats()).num_running == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert (await engine.stats()).num_free_blocks == 64
+
+
+async def _consume(stream):
+    return [out async for out in stream]
+
+
+async def test_client_retries_until_the_scheduler_is_up():
+    from tests.predictor.conftest import free_port
+
+    port = free_port()
+    engine = AsyncEngine(CONFIG)
+
+    async def start_late():
+        await asyncio.sleep(0.3)
+        return await start_server(engine, port)
+
+    late = asyncio.create_task(start_late())
+    async with AsyncClient(f"127.0.0.1:{port}", retries=6, backoff_s=0.1) as client:
+        tokens, _, _ = await collect(client, "hello", max_tokens=4)
+    server, _ = await late
+    assert len(tokens) == 4
+    await server.stop(grace=1)
+    engine.shutdown()
+
+
+async def test_sync_client_streams_the_same_tokens(served):
+    _, target = served
+    expected = offline(["sync"], max_tokens=6, **GREEDY)["s0"].outputs[0]
+    with Client(target) as client:   # called off the loop, which keeps serving
+        out = await asyncio.to_thread(client.generate_all, "sync",
+                                      SamplingParams(max_tokens=6, **GREEDY))
+        stats = await asyncio.to_thread(client.stats)
+    assert (out.outputs[0].token_ids, out.outputs[0].text) == (expected.token_ids, expected.text)
+    assert out.finished and stats.num_finished >= 1

@@ -1,0 +1,100 @@
+"""``lenserve up``: the restart rules on fake processes, and the real thing end to end."""
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lenserve.entrypoints.supervisor import ServiceSpec, Supervisor
+from lenserve_contract.sampling_params import SamplingParams
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class FakeProc:
+    count = 0
+
+    def __init__(self, argv):
+        FakeProc.count += 1
+        self.pid, self.returncode = FakeProc.count, None
+
+    def poll(self):
+        return self.returncode
+
+
+def test_a_dead_service_is_reported_and_restarted_with_backoff():
+    now, reports = [0.0], []
+    sup = Supervisor([ServiceSpec("executor", ("x",), "grpc://h:1")], spawn=FakeProc,
+                     report=reports.append, clock=lambda: now[0])
+    sup.start_all()
+    sup.running["executor"].proc.returncode = -9
+    assert sup.poll() == [] and "killed by SIGKILL" in reports[-1]
+    now[0] = 0.6
+    assert sup.poll() == ["executor"] and "restarted" in reports[-1]
+    sup.running["executor"].proc.returncode = 1      # a crash loop waits longer each time
+    now[0] = 1.0
+    assert sup.poll() == []
+    now[0] = 1.6
+    assert sup.poll() == []
+    now[0] = 2.1
+    assert sup.poll() == ["executor"] and sup.running["executor"].restarts == 2
+
+
+def _lines(proc) -> queue.Queue:
+    q: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [q.put(line) for line in proc.stdout], daemon=True).start()
+    return q
+
+
+def _wait_for(q: queue.Queue, pattern: str, timeout_s: float) -> list[str]:
+    seen, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            line = q.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        seen.append(line)
+        if re.search(pattern, line):
+            return seen
+    raise AssertionError(f"no {pattern!r} in {timeout_s} s; got {''.join(seen)}")
+
+
+def _generate_until_ok(target: str, timeout_s: float):
+    from lenserve.client import Client
+    deadline = time.monotonic() + timeout_s
+    with Client(target, retries=5) as client:
+        while True:
+            out = client.generate_all("hello", SamplingParams(max_tokens=4, temperature=0))
+            if out.outputs[0].finish_reason == "length" or time.monotonic() > deadline:
+                return out
+            time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_up_restarts_a_killed_executor_and_serves_again():
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "lenserve.cli", "up", "--model", "fake",
+                             "--no-predictor"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = _lines(proc)
+    try:
+        out = "".join(_wait_for(lines, "ready", 240))
+        scheduler = re.search(r"scheduler\s+grpc://(\S+)", out).group(1)
+        executor_pid = int(re.search(r"executor\s+\S+\s+\(pid (\d+)\)", out).group(1))
+        assert _generate_until_ok(scheduler, 30).outputs[0].finish_reason == "length"
+        os.kill(executor_pid, signal.SIGKILL)
+        _wait_for(lines, "executor restarted", 30)
+        assert _generate_until_ok(scheduler, 120).outputs[0].finish_reason == "length"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(executor_pid, 0)
