@@ -1,6 +1,7 @@
 """``lenserve:<policy>``: the in-process engine, stepped by the replay loop."""
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -35,7 +36,8 @@ class LenserveBackend(Backend):
                 predictor=o.predictor, predictor_seed=o.predictor_seed,
                 num_gpu_blocks=o.num_gpu_blocks, max_num_seqs=o.max_num_seqs,
                 max_num_batched_tokens=o.max_num_batched_tokens, max_model_len=o.max_model_len,
-                swap_space_gib=o.swap_space_gib, kv_int8=o.kv_int8))
+                swap_space_gib=o.swap_space_gib, kv_int8=o.kv_int8),
+                predictor_progress=_seed_progress)
 
     def submit(self, request: BenchRequest, arrival_time: float) -> None:
         key = self.unique_key(request)
@@ -105,3 +107,7 @@ class LenserveBackend(Backend):
                              times, now, error,
                              predicted_len=metrics.predicted_output_len if metrics else None,
                              prediction_source=metrics.prediction_source if metrics else None)
+
+
+def _seed_progress(done: int, total: int) -> None:
+    print(f"predictor: embedded {done}/{total} seed prompts", file=sys.stderr, flush=True)
