@@ -14,6 +14,7 @@ COMMAND_MODULES = [
     "lenserve.commands.bench_attention",
     "lenserve.commands.bench_scheduler",
     "lenserve.commands.predictor",
+    "lenserve.commands.serve",
 ]
 
 
