@@ -39,6 +39,8 @@ class AdmissionGate:
             self._refresh = asyncio.get_running_loop().create_task(self._take())
 
     async def _take(self) -> None:
+        # Requests admitted from here on may be missing from the snapshot; they stay counted.
+        counted = self.admitted_since
         try:
             stats = await self.backend.stats()
         except Exception:  # noqa: BLE001 - keep the old snapshot; the next request retries
@@ -46,5 +48,5 @@ class AdmissionGate:
                         exc_info=True)
             return
         self.num_waiting = int(getattr(stats, "num_waiting", 0) or 0)
-        self.admitted_since = 0
+        self.admitted_since -= counted
         self.taken_at = time.monotonic()
