@@ -33,3 +33,14 @@ def test_config_is_frozen_and_checked():
         config.port = 1
     with pytest.raises(ValueError):
         GatewayConfig(served_model_name="m", max_body_bytes=0)
+
+
+def test_bound_socket_says_tcp_so_asyncio_sets_nodelay():
+    import socket
+
+    from gateway.server import bind
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP and sock.getsockname()[1] > 0
+    finally:
+        sock.close()
