@@ -27,6 +27,7 @@ class GatewayConfig:
     default_chat_max_tokens: int = 512      # /v1/chat/completions without max_tokens
     max_waiting: int | None = None          # 429 once this many requests wait for admission
     retry_after_s: int = 1
+    max_concurrency: int | None = None      # open requests beyond it get 503 before any parsing
     stats_interval_s: float = 0.05          # how stale the admission check's queue length may be
 
     def __post_init__(self) -> None:
@@ -35,6 +36,8 @@ class GatewayConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
         if self.max_waiting is not None and self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
         if not 0 <= self.port < 65536:
@@ -59,6 +62,9 @@ def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens-limit", type=int, default=GatewayConfig.max_tokens_limit)
     p.add_argument("--max-waiting", type=int, default=None,
                    help="answer 429 once this many requests wait for admission (default: no bound)")
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="open requests and connections beyond this are answered 503 at once "
+                        "(default: no bound)")
     p.add_argument("--retry-after", type=int, default=GatewayConfig.retry_after_s,
                    help="seconds sent in Retry-After with a 429")
 
@@ -80,7 +86,8 @@ def gateway_config(args: argparse.Namespace, environ: Mapping[str, str] | None =
         served_model_name=args.served_model_name or model, host=args.host, port=args.port,
         api_keys=read_api_keys(args, environ), max_body_bytes=args.max_body_bytes,
         max_prompt_len=args.max_prompt_len, max_tokens_limit=args.max_tokens_limit,
-        max_waiting=args.max_waiting, retry_after_s=args.retry_after)
+        max_waiting=args.max_waiting, retry_after_s=args.retry_after,
+        max_concurrency=args.max_concurrency)
     if config.is_open and not is_loopback(config.host):
         log.warning("the API is open (no API key) and bound to %s, beyond loopback", config.host)
     return config

@@ -24,10 +24,12 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-def make_server(app, log_level: str = "warning") -> uvicorn.Server:
+def make_server(app, log_level: str = "warning",
+                max_concurrency: int | None = None) -> uvicorn.Server:
     # Keep-alive beyond uvicorn's 5 s default: benchmark clients reuse idle connections.
+    # uvicorn answers 503 itself past limit_concurrency, the cheapest refusal under overload.
     config = uvicorn.Config(app, log_level=log_level, timeout_keep_alive=30,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, limit_concurrency=max_concurrency)
     return uvicorn.Server(config)
 
 

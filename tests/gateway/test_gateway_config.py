@@ -27,8 +27,9 @@ def test_api_keys_from_flag_env_and_file(tmp_path):
 
 
 def test_config_is_frozen_and_checked():
-    config = parse(["--max-waiting", "8", "--served-model-name", "x"])
+    config = parse(["--max-waiting", "8", "--served-model-name", "x", "--max-concurrency", "5"])
     assert config.max_waiting == 8 and config.served_model_name == "x"
+    assert config.max_concurrency == 5
     with pytest.raises(AttributeError):
         config.port = 1
     with pytest.raises(ValueError):
