@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "lenserve.commands.bench_swap",
     "lenserve.commands.predictor",
     "lenserve.commands.serve",
+    "lenserve.commands.serve_services",
     "lenserve.commands.up",
     "lenserve.commands.bench_transport",
 ]

@@ -107,10 +107,17 @@ class AsyncEngine:
                 op, args, future = self._commands.get_nowait()
             except queue.Empty:
                 return
+            # A caller cancelled while waiting (a client went away) still gets its command
+            # run, an abort above all; only the answer is dropped.
+            wanted = future.set_running_or_notify_cancel()
             try:
-                future.set_result(getattr(self, f"_do_{op}")(*args))
+                result = getattr(self, f"_do_{op}")(*args)
             except Exception as exc:  # noqa: BLE001 - handed back to the caller
-                future.set_exception(exc)
+                if wanted:
+                    future.set_exception(exc)
+                continue
+            if wanted:
+                future.set_result(result)
 
     def _do_add(self, request_id: str, kwargs: dict, stream) -> None:
         self.engine.add_request(request_id, **kwargs)

@@ -1,0 +1,78 @@
+"""Prometheus metrics, in a registry of the app's own (two apps in one process do not share).
+
+Latencies are measured at the gateway, from the request reaching the handler: TTFT to the
+first generated token, TPOT over the rest, E2E to the last. Scheduler gauges are read from
+``stats()`` when scraped."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0, 60.0, 120.0)
+TPOT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# SchedulerStats field -> (gauge name, help)
+STAT_GAUGES = {
+    "num_waiting": ("lenserve_num_requests_waiting", "requests queued for admission"),
+    "num_running": ("lenserve_num_requests_running", "requests in the running batch"),
+    "num_preempted": ("lenserve_num_requests_preempted", "requests preempted or swapped out"),
+    "num_swapped": ("lenserve_num_requests_swapped", "requests whose KV is on the host tier"),
+    "num_free_blocks": ("lenserve_kv_free_blocks", "free device KV blocks"),
+    "num_total_blocks": ("lenserve_kv_total_blocks", "device KV blocks"),
+    "num_free_host_blocks": ("lenserve_host_kv_free_blocks", "free host KV blocks"),
+    "num_host_blocks": ("lenserve_host_kv_total_blocks", "host KV blocks"),
+    "num_preemptions": ("lenserve_num_preemptions", "preemptions so far"),
+    "num_iterations": ("lenserve_num_iterations", "scheduler iterations so far"),
+}
+
+
+class GatewayMetrics:
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("lenserve_gateway_requests", "requests answered",
+                                ["endpoint", "status"], registry=r)
+        self.rejected = Counter("lenserve_gateway_rejected", "requests refused at admission",
+                                ["reason"], registry=r)
+        self.ttft = Histogram("lenserve_time_to_first_token_seconds", "TTFT",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("lenserve_time_per_output_token_seconds", "TPOT",
+                              buckets=TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram("lenserve_e2e_request_latency_seconds", "E2E latency",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.tokens = Counter("lenserve_generation_tokens", "tokens generated", registry=r)
+        self.prompt_tokens = Counter("lenserve_prompt_tokens", "prompt tokens", registry=r)
+        self.prediction_source = Counter("lenserve_prediction_source", "length predictions "
+                                         "by source", ["source"], registry=r)
+        self.stats = {field: Gauge(name, text, registry=r)
+                      for field, (name, text) in STAT_GAUGES.items()}
+        self.kv_usage = Gauge("lenserve_kv_cache_usage_ratio", "device KV blocks in use",
+                              registry=r)
+        self.host_kv_usage = Gauge("lenserve_host_kv_usage_ratio", "host KV blocks in use",
+                                   registry=r)
+
+    def finished(self, ttft: float | None, e2e: float, num_prompt: int, num_output: int,
+                 prediction_source: str | None) -> None:
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            if num_output > 1:
+                self.tpot.observe((e2e - ttft) / (num_output - 1))
+        self.e2e.observe(e2e)
+        self.tokens.inc(num_output)
+        self.prompt_tokens.inc(num_prompt)
+        if prediction_source:
+            self.prediction_source.labels(prediction_source).inc()
+
+    def render(self, stats) -> bytes:
+        if stats is not None:
+            self._set_stats(stats)
+        return generate_latest(self.registry)
+
+    def _set_stats(self, stats) -> None:
+        for field, gauge in self.stats.items():
+            gauge.set(getattr(stats, field, 0) or 0)
+        self.kv_usage.set(used_ratio(stats, "num_free_blocks", "num_total_blocks"))
+        self.host_kv_usage.set(used_ratio(stats, "num_free_host_blocks", "num_host_blocks"))
+
+
+def used_ratio(stats, free_field: str, total_field: str) -> float:
+    total = getattr(stats, total_field, 0) or 0
+    return 1.0 - (getattr(stats, free_field, 0) or 0) / total if total else 0.0

@@ -1,0 +1,116 @@
+"""The endpoints. Each completion request: admission check, parameters, then one
+``Generation``, returned whole or streamed as server-sent events."""
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from gateway.errors import APIError, error_body
+from gateway.generation import Generation
+from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from gateway.responses import DONE, ChatShape, CompletionShape, sse
+from gateway.sampling import Prompt, completion_prompt, request_kwargs, sampling_params
+
+log = logging.getLogger(__name__)
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    state = request.app.state
+    prompt = completion_prompt(body, state.config)
+    return await serve(request, body, prompt, CompletionShape, state.config.default_max_tokens)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    state = request.app.state
+    prompt = state.chat.render(body.messages, state.config)
+    return await serve(request, body, prompt, ChatShape, state.config.default_chat_max_tokens)
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    config = request.app.state.config
+    card = {"id": config.served_model_name, "object": "model", "created": 0,
+            "owned_by": "lenserve"}
+    return {"object": "list", "data": [card]}
+
+
+@router.get("/health")
+async def health():
+    return {"status": "ok"}
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    state = request.app.state
+    try:
+        stats = await state.backend.stats()
+    except Exception:  # noqa: BLE001 - the gateway's own metrics are still worth a scrape
+        log.warning("stats() failed during a scrape", exc_info=True)
+        stats = None
+    return Response(state.metrics.render(stats), media_type=PROMETHEUS_TEXT)
+
+
+async def serve(request: Request, body: SamplingFields, prompt: Prompt, shape_cls,
+                default_max_tokens: int) -> Response:
+    state, config = request.app.state, request.app.state.config
+    endpoint = request.url.path
+    try:
+        check_model(body, config.served_model_name)
+        params = sampling_params(body, default_max_tokens, config.max_tokens_limit)
+        if not state.admission.admit():
+            state.metrics.rejected.labels("queue_full").inc()
+            raise APIError(429, "the scheduler's queue is full; retry later", code="queue_full",
+                           headers={"Retry-After": str(config.retry_after_s)})
+        gen = await Generation.start(state.backend, state.metrics, prompt, params,
+                                     request_kwargs(body), shape_cls.prefix)
+    except APIError as err:
+        state.metrics.requests.labels(endpoint, str(err.status)).inc()
+        raise
+    shape = shape_cls(config.served_model_name, gen.request_id)
+    state.metrics.requests.labels(endpoint, "200").inc()
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(stream(gen, shape, include_usage),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    return await whole(gen, shape)
+
+
+def check_model(body: SamplingFields, served: str) -> None:
+    if body.model is not None and body.model != served:
+        raise APIError(404, f"model {body.model!r} does not exist; this server serves "
+                            f"{served!r}", "model", "model_not_found")
+
+
+async def whole(gen: Generation, shape: CompletionShape) -> JSONResponse:
+    parts = []
+    try:
+        async for text, _ in gen.deltas():
+            parts.append(text)
+    except Exception as exc:  # noqa: BLE001 - the scheduler failed mid-request
+        log.warning("request %s failed: %s", gen.request_id, exc)
+        raise APIError(503, f"generation failed: {exc}", code="generation_failed") from None
+    return JSONResponse(shape.full("".join(parts), gen.finish_reason, gen.usage()))
+
+
+async def stream(gen: Generation, shape: CompletionShape, include_usage: bool):
+    opening = shape.opening()
+    if opening is not None:
+        yield sse(opening)
+    try:
+        async for text, finish_reason in gen.deltas():
+            if text or finish_reason:
+                yield sse(shape.chunk(text, finish_reason))
+    except Exception as exc:  # noqa: BLE001 - headers are gone; say it in the stream
+        log.warning("stream %s failed: %s", gen.request_id, exc)
+        yield sse(error_body(503, f"generation failed: {exc}", code="generation_failed"))
+    if include_usage:
+        yield sse(shape.usage_chunk(gen.usage()))
+    yield DONE

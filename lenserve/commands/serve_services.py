@@ -1,0 +1,17 @@
+"""``lenserve serve-scheduler`` / ``lenserve serve-executor``: the services' own ``__main__``
+parsers and entry points, under the one command."""
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    from services.executor import __main__ as executor_main
+    from services.scheduler import __main__ as scheduler_main
+
+    s = subparsers.add_parser("serve-scheduler", help="run the gRPC SchedulerService "
+                              "(same flags as python -m services.scheduler)")
+    scheduler_main.add_arguments(s)
+    s.set_defaults(func=scheduler_main.serve)
+    e = subparsers.add_parser("serve-executor", help="run the gRPC ExecutorService "
+                              "(same flags as python -m services.executor)")
+    executor_main.add_arguments(e)
+    e.set_defaults(func=executor_main.serve)
