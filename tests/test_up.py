@@ -78,6 +78,18 @@ def _generate_until_ok(target: str, timeout_s: float):
             time.sleep(0.5)
 
 
+def _openai_chat_and_stream(url: str) -> None:
+    """The standard OpenAI client through the gateway, gRPC scheduler and gRPC executor."""
+    from openai import OpenAI
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["fake"]
+    chat = client.chat.completions.create(model="fake", max_tokens=5,
+                                          messages=[{"role": "user", "content": "hi"}])
+    assert chat.usage.completion_tokens == 5 and chat.choices[0].finish_reason == "length"
+    chunks = client.completions.create(model="fake", prompt="Hello", max_tokens=4, stream=True)
+    assert len("".join(c.choices[0].text for c in chunks if c.choices)) == 4
+
+
 @pytest.mark.slow
 def test_up_restarts_a_killed_executor_and_serves_again():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
@@ -90,6 +102,7 @@ def test_up_restarts_a_killed_executor_and_serves_again():
         scheduler = re.search(r"scheduler\s+grpc://(\S+)", out).group(1)
         executor_pid = int(re.search(r"executor\s+\S+\s+\(pid (\d+)\)", out).group(1))
         assert _generate_until_ok(scheduler, 30).outputs[0].finish_reason == "length"
+        _openai_chat_and_stream(re.search(r"gateway\s+(http://\S+)", out).group(1))
         os.kill(executor_pid, signal.SIGKILL)
         _wait_for(lines, "executor restarted", 30)
         assert _generate_until_ok(scheduler, 120).outputs[0].finish_reason == "length"

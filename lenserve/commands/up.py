@@ -61,19 +61,17 @@ def build_specs(args: argparse.Namespace) -> list[ServiceSpec]:
     specs.append(_grpc_spec("scheduler", ("services.scheduler",), host, free_port(host), *model,
                             *sizes, "--executor", specs[0].url, "--predictor", predictor,
                             "--policy", args.policy, *policy_config))
-    gateway = gateway_spec(host, free_port(host), specs[-1].url)
+    gateway = gateway_spec(host, free_port(host), specs[-1].url, args.model)
     return specs + ([gateway] if gateway else [])
 
 
-def gateway_spec(host: str, port: int, scheduler_url: str) -> ServiceSpec | None:
-    """HOOK (REST gateway): started only when a ``gateway`` package with a ``__main__`` is
-    installed. The flags below (--scheduler, --host, --port) are the assumed contract of
-    ``python -m gateway``; check them against the gateway when it lands."""
+def gateway_spec(host: str, port: int, scheduler_url: str, model: str = "") -> ServiceSpec | None:
+    """The REST gateway (``python -m gateway``) in front of the scheduler service."""
     if importlib.util.find_spec("gateway") is None or \
             importlib.util.find_spec("gateway.__main__") is None:
         return None
     argv = python_module("gateway", "--scheduler", scheduler_url, "--host", host,
-                         "--port", str(port))
+                         "--port", str(port), "--model", model)
     return ServiceSpec("gateway", argv, f"http://{host}:{port}", partial(_http_ok, host, port))
 
 
