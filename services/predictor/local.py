@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +22,7 @@ BUNDLED_SEED = Path(__file__).parent / "data" / "sharegpt_seed_2k.jsonl.gz"
 # The seed's prompts embedded by the stock encoder (float16), so that a fresh embedded
 # predictor starts in a second instead of embedding 2,000 prompts on a busy CPU.
 BUNDLED_VECTORS = BUNDLED_SEED.with_name("sharegpt_seed_2k.vectors.npz")
+BUNDLED_MLP = BUNDLED_SEED.with_name("sharegpt_seed_2k.mlp.npz")   # the MLP trained on them
 
 
 class OraclePredictor(LengthPredictor):
@@ -125,10 +125,9 @@ def load_seed(path: str | Path = BUNDLED_SEED) -> tuple[list[str], list[int]]:
 
 def build_embedded(model: str, seed_path: str | Path | None = None, progress=None
                    ) -> EmbeddedPredictor:
-    """An in-memory ALISE predictor seeded from ``seed_path`` (default: the bundled seed,
-    with its precomputed vectors). Retrieval serves at once; the MLP fallback trains on a
-    background thread and is swapped in when ready. ``progress(done, total)`` is called while
-    prompts are embedded."""
+    """An in-memory ALISE predictor seeded from ``seed_path``, or from the bundled seed with
+    its precomputed vectors and MLP (a start in seconds). A custom seed is embedded and its
+    MLP trained here, with ``progress(done, total)`` called while embedding."""
     from services.predictor.config import PredictorConfig
     from services.predictor.core import Predictor
 
@@ -137,10 +136,10 @@ def build_embedded(model: str, seed_path: str | Path | None = None, progress=Non
     vectors = None if seed_path else bundled_vectors(core.embedder, len(prompts))
     if vectors is not None:
         core.store.upsert(model, vectors, np.asarray(lengths, np.float32), 0.0, observed=False)
+        core.load_mlp(model, str(BUNDLED_MLP))
     else:
         _embed_seed(core, model, prompts, lengths, progress)
-    threading.Thread(target=_train_mlp, args=(core, model), name="lenserve-predictor-mlp",
-                     daemon=True).start()
+        _train_mlp(core, model)
     return EmbeddedPredictor(core, model)
 
 
@@ -167,7 +166,7 @@ def _embed_seed(core, model: str, prompts: list[str], lengths: list[int], progre
 def _train_mlp(core, model: str) -> None:
     try:
         core.retrain(model)
-    except Exception as exc:  # noqa: BLE001 - retrieval and defaults keep serving
+    except ValueError as exc:   # too few records: retrieval and defaults serve
         log.info("no MLP for the seed: %s", exc)
 
 

@@ -31,9 +31,11 @@ class LenserveBackend(Backend):
         if self.engine is None:
             from lenserve.engine.llm_engine import EngineConfig, LLMEngine
             o = self.options
+            # The oracle policy is defined by the true lengths, whatever --predictor says.
+            predictor = "oracle" if self.policy == "oracle" else o.predictor
             self.engine = LLMEngine(EngineConfig(
                 model=o.model, policy=self.policy, policy_config=o.policy_config,
-                predictor=o.predictor, predictor_seed=o.predictor_seed,
+                predictor=predictor, predictor_seed=o.predictor_seed,
                 num_gpu_blocks=o.num_gpu_blocks, max_num_seqs=o.max_num_seqs,
                 max_num_batched_tokens=o.max_num_batched_tokens, max_model_len=o.max_model_len,
                 swap_space_gib=o.swap_space_gib, kv_int8=o.kv_int8),
