@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from collections import deque
 
+from services.scheduler.output import SchedulerOutput
 from services.scheduler.policy import Policy
 from services.scheduler.request import Request, RequestStatus
+from services.scheduler.state import SchedulerState
 
 
 class FcfsPolicy(Policy):
@@ -27,3 +29,25 @@ class FcfsPolicy(Policy):
 
     def num_queued(self) -> int:
         return len(self.waiting)
+
+    def admit_fcfs(self, state: SchedulerState, output: SchedulerOutput, tokens: int,
+                   max_num_seqs: int) -> int:
+        """Admit from the head of the queue while the token budget, ``max_num_seqs`` and the
+        free blocks allow; returns the tokens left."""
+        waiting, running = self.waiting, state.running
+        chunked = self.config.enable_chunked_prefill
+        while waiting and tokens > 0 and len(running) < max_num_seqs:
+            req = waiting[0]
+            n = len(req.token_ids) - req.num_computed_tokens
+            if n > tokens:
+                # Without chunking a prompt must run whole; an oversized one runs alone.
+                if chunked:
+                    n = tokens
+                elif output.scheduled:
+                    break
+            if not state.admit(req, req.num_computed_tokens + n):
+                break
+            waiting.popleft()
+            output.add(req, n)
+            tokens -= n
+        return tokens

@@ -14,6 +14,7 @@ swapped and a request that cannot grow preempts by recompute, as in vLLM.
 """
 from __future__ import annotations
 
+import sys
 from collections import deque
 from dataclasses import dataclass
 
@@ -134,23 +135,11 @@ class FluidInferPolicy(FcfsPolicy):
                 return True
 
     def _admit(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
-        # No max_num_seqs: the token budget and free blocks alone bound the resident set.
-        waiting = self.waiting
-        while waiting and tokens > 0 and not self.swapped:
-            req = waiting[0]
-            n = req.num_tokens - req.num_computed_tokens
-            if n > tokens:
-                # Without chunking a prompt must run whole; an oversized one runs alone.
-                if self.config.enable_chunked_prefill:
-                    n = tokens
-                elif output.scheduled:
-                    break
-            if not state.admit(req, req.num_computed_tokens + n):
-                break
-            waiting.popleft()
-            output.add(req, n)
-            tokens -= n
-        return tokens
+        # No max_num_seqs: the token budget and free blocks alone bound the resident set;
+        # swapped requests come back before anyone new is admitted.
+        if self.swapped:
+            return tokens
+        return self.admit_fcfs(state, output, tokens, max_num_seqs=sys.maxsize)
 
     # -- attention waves -----------------------------------------------------------------
     def _waves(self, state: SchedulerState, output: SchedulerOutput) -> list[list[int]] | None:

@@ -26,7 +26,7 @@ class VllmPolicy(FcfsPolicy):
         output = state.new_output()
         tokens = self._schedule_running(state, output, budget.max_num_batched_tokens)
         if not output.preempted:
-            self._admit_waiting(state, output, tokens, budget.max_num_seqs)
+            self.admit_fcfs(state, output, tokens, budget.max_num_seqs)
         return output
 
     def _schedule_running(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
@@ -46,22 +46,3 @@ class VllmPolicy(FcfsPolicy):
             output.add(req, n)
             tokens -= n
         return tokens
-
-    def _admit_waiting(self, state: SchedulerState, output: SchedulerOutput, tokens: int,
-                       max_num_seqs: int) -> None:
-        waiting, running = self.waiting, state.running
-        chunked = self.config.enable_chunked_prefill
-        while waiting and tokens > 0 and len(running) < max_num_seqs:
-            req = waiting[0]
-            n = len(req.token_ids) - req.num_computed_tokens
-            if n > tokens:
-                # Without chunking a prompt must run whole; an oversized one runs alone.
-                if chunked:
-                    n = tokens
-                elif output.scheduled:
-                    break
-            if not state.admit(req, req.num_computed_tokens + n):
-                break
-            waiting.popleft()
-            output.add(req, n)
-            tokens -= n
