@@ -14,6 +14,8 @@ COMMAND_MODULES = [
     "lenserve.commands.bench_attention",
     "lenserve.commands.bench_scheduler",
     "lenserve.commands.predictor",
+    "lenserve.commands.profile",
+    "lenserve.commands.simulate",
 ]
 
 

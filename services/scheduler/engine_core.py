@@ -238,7 +238,9 @@ class EngineCore:
     def _make_output(self, request: Request) -> RequestOutput:
         stream = self._streams[request.request_id]
         new_tokens = request.token_ids[request.num_prompt_tokens + stream.num_sent:]
-        if new_tokens:
+        # Without a tokenizer there is no text (a simulator, a token-ids client): no
+        # detokenizing, and no stop strings to match.
+        if new_tokens and self.tokenizer is not None:
             stop = stream.detok.add_tokens(new_tokens)
             if stop is not None:
                 self.scheduler.finish_request(request, FinishReason.STOP, stop)
