@@ -42,7 +42,8 @@ def build_engine(spec: SimSpec, clock: VirtualClock) -> EngineCore:
         max_num_batched_tokens=o.max_num_batched_tokens, max_num_seqs=o.max_num_seqs,
         max_model_len=max_model_len(spec), predictor=o.predictor,
         predictor_seed=o.predictor_seed)
-    return EngineCore(**engine_parts(config, executor), tokenizer=None, clock=clock)
+    return EngineCore(**engine_parts(config, executor), tokenizer=None, clock=clock,
+                      finished_outputs_only=True)
 
 
 def max_model_len(spec: SimSpec) -> int:

@@ -1,7 +1,7 @@
 """Cost models: seconds per iteration from its features.
 
 ``LinearCostModel`` is fitted to a measured profile: time is linear in the fed tokens, the
-sampled sequences, the attended (query, key) pairs and the sequences, plus hinges on the fed
+sampled sequences, the attended (query, key) pairs and the KV tokens read, plus hinges on the fed
 tokens (piecewise-linear: dense layers run at a different efficiency on small and on large
 batches). The fit minimises relative error, since iterations range from milliseconds to a
 second and a long prefill must not drown out the decode steps that make up most of a run."""

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 from services.executor.types import ExecutorInput
 
-FEATURES = ("tokens", "sampled", "attended")
+FEATURES = ("tokens", "sampled", "attended", "context")
 
 
 class IterationFeatures(NamedTuple):
@@ -14,7 +14,7 @@ class IterationFeatures(NamedTuple):
     sampled: int       # sequences sampled: LM head rows and sampler work
     attended: float    # (query, key) pairs in attention, summed over sequences (causal)
     num_seqs: int      # sequences in the batch
-    context: int = 0   # KV tokens the batch reads once it has run (bytes, for the roofline)
+    context: int = 0   # KV tokens the batch reads once it has run (decode attention, bytes)
 
 
 def attended_pairs(num_tokens: int, num_computed: int) -> float:

@@ -6,7 +6,7 @@ from services.simulator.cost_model import LinearCostModel, fit_linear
 from services.simulator.features import from_groups
 from services.simulator.profiler import grid
 
-TRUE = LinearCostModel(0.004, (2e-5, 1e-4, 3e-8, 1e-5, -4e-6), knots=(128, 512))
+TRUE = LinearCostModel(0.004, (2e-5, 1e-4, 3e-8, 2e-7, 1e-5, -4e-6), knots=(128, 512))
 
 
 def test_fit_recovers_a_piecewise_linear_model_exactly():
