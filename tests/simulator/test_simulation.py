@@ -4,14 +4,11 @@ import pytest
 from lenserve.bench.metrics import summarize
 from lenserve.bench.simulation import build_engine, simulate
 from lenserve_contract.sampling_params import SamplingParams
-from services.executor.fake import FakeExecutor
 from services.scheduler.policies import POLICIES
+from services.simulator.cost_model import LinearCostModel
 from services.simulator.executor import VirtualClock
-from services.simulator.features import from_groups
 from tests.engine.engine_helpers import make_engine
 from tests.simulator.sim_helpers import constant_cost, make_spec, make_target, workload
-
-from services.simulator.cost_model import LinearCostModel
 
 
 def test_the_engine_holds_the_real_policy_object():
@@ -79,4 +76,3 @@ def test_idle_engine_jumps_to_the_next_arrival():
     run = simulate(make_spec(target=make_target(constant_cost(0.01))),
                    workload((4, 2, 0.0), (4, 2, 100.0)), 1.0, False)
     assert run.records[1].token_times[0] == pytest.approx(100.01)
-    assert from_groups([(1, 4, 0)]).tokens == 4
