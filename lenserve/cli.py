@@ -24,6 +24,8 @@ COMMAND_MODULES = [
     "lenserve.commands.serve_services",
     "lenserve.commands.up",
     "lenserve.commands.bench_transport",
+    "lenserve.commands.profile",
+    "lenserve.commands.simulate",
 ]
 
 

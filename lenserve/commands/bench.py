@@ -41,11 +41,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backends", default="lenserve:vllm",
                    help="comma-separated: lenserve:<policy>, hf-static, hf-cb, openai:<url>")
     p.add_argument("--model", default="opt-tiny", help="lenserve model preset (also the tokenizer)")
-    p.add_argument("--tokenizer", help="Hugging Face tokenizer path, instead of the preset's")
+    add_workload_arguments(p)
     p.add_argument("--served-model-name", help="`model` field sent to openai:<url> backends")
+    p.add_argument("--hf-batch-size", type=int, default=8, help="requests per hf-static batch")
+    add_engine_arguments(p)
+    p.set_defaults(func=run_bench)
+
+
+def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """The workload, arrival and report flags ``bench`` and ``simulate`` share."""
+    p.add_argument("--tokenizer", help="Hugging Face tokenizer path, instead of the preset's")
     p.add_argument("--dataset-name", default="lengths", choices=DATASET_NAMES)
     p.add_argument("--dataset-path", help="dataset file; lengths defaults to the bundled trace")
     p.add_argument("--num-prompts", type=int, default=50)
+    p.add_argument("--repeat-dataset", action="store_true",
+                   help="cycle through the dataset when --num-prompts exceeds what fits")
     p.add_argument("--request-rate", type=float, default=math.inf,
                    help="requests/s (inf sends all at once)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1 is Poisson")
@@ -58,13 +68,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output-len", type=int, help="force every output to this many tokens")
     p.add_argument("--max-prompt-len", type=int, default=1024)
     p.add_argument("--max-model-len", type=int, default=2048, help="prompt + output limit")
-    p.add_argument("--hf-batch-size", type=int, default=8, help="requests per hf-static batch")
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs, e.g. ttft:500 tpot:50")
     p.add_argument("--result-json", help="write summaries and per-request records here")
     p.add_argument("--plot", help="PNG path for the sweep figure (default: next to the JSON)")
     p.add_argument("--disable-tqdm", action="store_true")
-    add_engine_arguments(p)
-    p.set_defaults(func=run_bench)
 
 
 def parse_rates(args: argparse.Namespace) -> list[float]:
@@ -102,7 +109,8 @@ def load_tokenizer(args: argparse.Namespace):
 def sample_config(args: argparse.Namespace) -> SampleConfig:
     return SampleConfig(num_prompts=args.num_prompts, seed=args.seed,
                         max_prompt_len=args.max_prompt_len, max_total_len=args.max_model_len,
-                        fixed_output_len=args.output_len, contiguous=args.trace_timestamps)
+                        fixed_output_len=args.output_len, contiguous=args.trace_timestamps,
+                        repeat=args.repeat_dataset)
 
 
 def build_workloads(args: argparse.Namespace, samples: list[Sample], cfg: SampleConfig,
@@ -155,11 +163,11 @@ def run_bench(args: argparse.Namespace) -> int:
     if results:
         print(format_report(results))
         print(format_profiles(runs))
-    _write_outputs(args, results, runs)
+    write_outputs(args, results, runs)
     return 1 if failures else 0
 
 
-def _write_outputs(args: argparse.Namespace, results: list[dict], runs: list[BackendRun]) -> None:
+def write_outputs(args: argparse.Namespace, results: list[dict], runs: list[BackendRun]) -> None:
     if args.result_json:
         config = {k: v for k, v in vars(args).items() if k != "func"}
         write_json(args.result_json, config, results, runs)

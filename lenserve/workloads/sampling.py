@@ -32,6 +32,9 @@ class SampleConfig:
     fixed_output_len: int | None = None
     # A contiguous window keeps a trace's bursts and gaps; shuffling would thin them out.
     contiguous: bool = False
+    # More requests than the dataset holds: cycle through the ones that fit, in their order
+    # (large simulated runs).
+    repeat: bool = False
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1:
@@ -129,9 +132,19 @@ def sample_requests(samples: Sequence[Sample], cfg: SampleConfig, tokenizer: Any
         chosen.append((request, sample))
         if len(chosen) == cfg.num_prompts:
             return chosen
+    if cfg.repeat and chosen:
+        return _cycled(chosen, cfg.num_prompts)
     raise ValueError(f"only {len(chosen)} of {len(samples)} records fit the length limits "
                      f"(prompt {cfg.min_len}..{cfg.max_prompt_len}, total <= {cfg.max_total_len}); "
                      f"asked for {cfg.num_prompts}")
+
+
+def _cycled(chosen: list[tuple[BenchRequest, Sample]], n: int) -> list[tuple[BenchRequest, Sample]]:
+    base = len(chosen)
+    for i in range(base, n):
+        request, sample = chosen[i % base]
+        chosen.append((dataclasses.replace(request, request_id=f"req-{i}"), sample))
+    return chosen
 
 
 def build_workload(name: str, chosen: Sequence[tuple[BenchRequest, Sample]],

@@ -45,7 +45,8 @@ class _Stream:
 class EngineCore:
     def __init__(self, scheduler_config: SchedulerConfig, executor: Executor, *, tokenizer=None,
                  predictions: PredictionPump | None = None, kv_manager: KVManager | None = None,
-                 clock: Callable[[], float] = time.monotonic, check_integrity: bool = False):
+                 clock: Callable[[], float] = time.monotonic, check_integrity: bool = False,
+                 finished_outputs_only: bool = False):
         self.executor = executor
         self.tokenizer = tokenizer if tokenizer is not None else getattr(executor, "tokenizer", None)
         self.model_info = executor.model_info()
@@ -55,6 +56,12 @@ class EngineCore:
         self.predictions = predictions
         self.clock = clock
         self.check_integrity = check_integrity
+        # A caller that only reads final outputs (the simulator) skips building one output
+        # per request per iteration; tokens and timings still accumulate on the request.
+        if finished_outputs_only and self.tokenizer is not None:
+            raise ValueError("finished_outputs_only skips detokenizing and stop strings: "
+                             "it is for engines without a tokenizer")
+        self.finished_outputs_only = finished_outputs_only
         self._streams: dict[str, _Stream] = {}
         self._swap_outs: list[SwapHandle] = []
         self.profile = StepProfile()
@@ -166,6 +173,8 @@ class EngineCore:
         t3 = time.perf_counter()
         self._finish_swap_outs()
         updated = scheduler.update_from_output(out, result, self.clock())
+        if self.finished_outputs_only:
+            updated = [r for r in updated if r.is_finished]
         outputs = failed + [self._make_output(r) for r in updated]
         if self.check_integrity:
             self._check_integrity()
@@ -241,7 +250,9 @@ class EngineCore:
     def _make_output(self, request: Request) -> RequestOutput:
         stream = self._streams[request.request_id]
         new_tokens = request.token_ids[request.num_prompt_tokens + stream.num_sent:]
-        if new_tokens:
+        # Without a tokenizer there is no text (a simulator, a token-ids client): no
+        # detokenizing, and no stop strings to match.
+        if new_tokens and self.tokenizer is not None:
             stop = stream.detok.add_tokens(new_tokens)
             if stop is not None:
                 self.scheduler.finish_request(request, FinishReason.STOP, stop)

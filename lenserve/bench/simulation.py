@@ -1,0 +1,152 @@
+"""Virtual-time replay: the workload against the real ``EngineCore`` and policy with the
+cost-model executor. Nothing sleeps: the engine's clock is the simulator's clock, moved by
+each iteration's modelled time and, when the engine is idle, to the next arrival.
+
+Records, summaries and reports are ``lenserve bench``'s own (``BackendRun``)."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from lenserve.bench.backends.base import BackendOptions, failed_record
+from lenserve.bench.metrics import RequestRecord
+from lenserve.bench.runner import BackendRun
+from lenserve.workloads.types import BenchRequest, Workload
+from lenserve_contract.outputs import RequestOutput
+from lenserve_contract.sampling_params import SamplingParams
+from services.scheduler.engine_core import EngineCore
+from services.scheduler.wiring import EngineConfig, engine_parts
+from services.simulator.executor import SimExecutor, VirtualClock
+from services.simulator.target import SimTarget
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    name: str                  # sim:<policy>
+    policy: str
+    target: SimTarget
+    options: BackendOptions
+    prompt_text: object = None     # token ids -> text for the predictor (None: no text)
+
+
+def build_engine(spec: SimSpec, clock: VirtualClock) -> EngineCore:
+    t, o = spec.target, spec.options
+    executor = SimExecutor(t.shape, t.cost, clock, num_gpu_blocks=t.num_gpu_blocks,
+                           block_size=t.block_size)
+    config = EngineConfig(
+        model=t.shape.name, policy=spec.policy, policy_config=o.policy_config,
+        block_size=t.block_size, num_gpu_blocks=t.num_gpu_blocks,
+        max_num_batched_tokens=o.max_num_batched_tokens, max_num_seqs=o.max_num_seqs,
+        max_model_len=max_model_len(spec), predictor=o.predictor,
+        predictor_seed=o.predictor_seed)
+    return EngineCore(**engine_parts(config, executor), tokenizer=None, clock=clock,
+                      finished_outputs_only=True)
+
+
+def max_model_len(spec: SimSpec) -> int:
+    """The context limit asked for, within the model and the simulated KV pool."""
+    t = spec.target
+    limits = [t.shape.max_model_len, t.num_gpu_blocks * t.block_size]
+    return min(limits + ([spec.options.max_model_len] if spec.options.max_model_len else []))
+
+
+class _Replay:
+    def __init__(self, spec: SimSpec, workload: Workload):
+        self.spec, self.clock = spec, VirtualClock()
+        self.engine = build_engine(spec, self.clock)
+        self.limit = max_model_len(spec)
+        self.pending = deque(workload.requests)
+        self.inflight: dict[str, tuple[BenchRequest, float]] = {}
+        self.done: list[RequestRecord] = []
+
+    def submit_due(self) -> None:
+        while self.pending and self.pending[0].arrival_offset <= self.clock.now:
+            request = self.pending.popleft()
+            self.submit(request, request.arrival_offset)
+
+    def submit(self, request: BenchRequest, arrival: float) -> None:
+        if request.prompt_len + request.output_len > self.limit:
+            self.done.append(failed_record(request, arrival, (
+                f"needs {request.prompt_len + request.output_len} tokens of context; the "
+                f"simulated engine holds {self.limit} (model limit or KV pool)")))
+            return
+        params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0)
+        text = self.spec.prompt_text
+        try:
+            self.engine.add_request(
+                request.request_id, prompt=text(request.prompt_token_ids) if text else None,
+                prompt_token_ids=list(request.prompt_token_ids), sampling_params=params,
+                arrival_time=arrival, delta=True, true_output_len=request.output_len)
+        except ValueError as exc:    # refused by the real validation, as the engine would
+            self.done.append(failed_record(request, arrival, str(exc)))
+            return
+        self.inflight[request.request_id] = (request, arrival)
+
+    def run(self, bar: tqdm) -> None:
+        engine, clock = self.engine, self.clock
+        while self.pending or engine.has_unfinished_requests():
+            if not engine.has_unfinished_requests():
+                clock.advance_to(self.pending[0].arrival_offset)
+            self.submit_due()
+            before, finished = clock.now, len(self.done)
+            self._step()
+            bar.update(len(self.done) - finished)
+            if clock.now == before and len(self.done) == finished:
+                self._stalled()
+
+    def _step(self) -> None:
+        self._settle_predictor()
+        for out in self.engine.step():
+            if out.finished:
+                self.done.append(self._record(out))
+
+    def _stalled(self) -> None:
+        """The engine ran nothing: wait for the next arrival, or, with none left, fail what
+        it holds rather than spin (a policy that can never admit them)."""
+        if self.pending:
+            self.clock.advance_to(self.pending[0].arrival_offset)
+            return
+        for rid in list(self.inflight):
+            out = self.engine.abort_request(rid)
+            request, arrival = self.inflight.pop(rid)
+            why = "the simulated engine made no progress (the request can never be scheduled)"
+            self.done.append(failed_record(request, arrival, why if out is None else
+                                           out.error or why))
+
+    def _settle_predictor(self) -> None:
+        # Predictions land before the next iteration, so a run does not depend on the
+        # predictor thread's timing (same seed, same summary). Predictor latency is not
+        # modelled: a real engine may schedule some requests before their prediction lands.
+        pump = self.engine.predictions
+        while pump is not None and not pump.idle():
+            time.sleep(0.0005)
+
+    def _record(self, out: RequestOutput) -> RequestRecord:
+        request, arrival = self.inflight.pop(out.request_id)
+        m = out.metrics
+        reason = out.outputs[0].finish_reason if out.outputs else None
+        error = out.error or (f"finished with {reason}" if reason in ("abort", "error") else None)
+        return RequestRecord(request.request_id, request.prompt_len, request.output_len,
+                             arrival, list(m.token_times), self.clock.now, error,
+                             predicted_len=m.predicted_output_len,
+                             prediction_source=m.prediction_source)
+
+
+def simulate(spec: SimSpec, workload: Workload, request_rate: float,
+             show_progress: bool = True) -> BackendRun:
+    """One run of ``workload``; records in workload order, times in virtual seconds."""
+    replay = _Replay(spec, workload)
+    label = f"{spec.name} @ {request_rate:g} req/s"
+    try:
+        with tqdm(total=len(workload.requests), desc=label, unit="req",
+                  disable=not show_progress) as bar:
+            replay.run(bar)
+    finally:
+        replay.engine.close()
+    order = {r.request_id: i for i, r in enumerate(workload.requests)}
+    records = sorted(replay.done, key=lambda r: order[r.request_id])
+    # The engine's StepProfile would time the simulator, not the simulated device: left out.
+    return BackendRun(spec.name, request_rate, replay.clock.now, records, None)

@@ -1,0 +1,119 @@
+"""``lenserve simulate``: ``lenserve bench`` in virtual time. The real serving core and
+policies run against a cost model instead of a model: fitted to a measured profile
+(``--profile``, from ``lenserve profile``; the bundled opt-125m CPU profile by default) or the
+analytical roofline for the papers' settings (``--hardware``/``--model-shape``, estimates).
+
+Same workloads, arrivals, metrics, table, JSON and sweep figure as ``lenserve bench``;
+backends are ``sim:<policy>``."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from importlib import resources
+
+from lenserve.bench.backends import BackendOptions
+from lenserve.bench.metrics import parse_goodput
+from lenserve.bench.report import format_report, summarize_runs
+from lenserve.commands.bench import (
+    add_workload_arguments,
+    build_workloads,
+    load_tokenizer,
+    parse_rates,
+    sample_config,
+    write_outputs,
+)
+from lenserve.commands.engine_args import add_engine_arguments
+from lenserve.workloads import load_samples
+from services.scheduler.policies import POLICIES
+from services.simulator.roofline import HARDWARE
+from services.simulator.shapes import MODEL_SHAPES
+
+DEFAULT_PROFILE = "profile_opt-125m_cpu.json"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("simulate", help="bench in virtual time with a cost model",
+                              description=__doc__)
+    p.add_argument("--backends", default="sim:vllm", help="comma-separated sim:<policy>")
+    p.add_argument("--model", default=None,
+                   help="tokenizer preset for the workload (default: the profile's model)")
+    p.add_argument("--profile", help="profile JSON from `lenserve profile` (default: the "
+                                     "bundled opt-125m CPU profile)")
+    p.add_argument("--hardware", choices=sorted(HARDWARE), help="roofline mode: the device")
+    p.add_argument("--model-shape", choices=sorted(MODEL_SHAPES), help="roofline mode: the model")
+    add_workload_arguments(p)
+    add_engine_arguments(p)
+    p.set_defaults(func=run_simulate)
+
+
+def parse_sim_backends(text: str) -> list[tuple[str, str]]:
+    specs = []
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        kind, _, policy = item.partition(":")
+        if kind != "sim" or policy not in POLICIES:
+            raise ValueError(f"unknown backend {item!r}; use sim:<policy> with a policy of "
+                             f"{', '.join(sorted(POLICIES))}")
+        specs.append((item, policy))
+    if not specs or len({s for s, _ in specs}) != len(specs):
+        raise ValueError(f"--backends must name each sim:<policy> once, got {text!r}")
+    return specs
+
+
+def sim_target(args: argparse.Namespace):
+    from services.simulator.target import from_profile, from_roofline, with_blocks
+    if bool(args.hardware) != bool(args.model_shape):
+        raise ValueError("--hardware and --model-shape go together (roofline mode)")
+    if args.hardware and args.profile:
+        raise ValueError("use either --profile or --hardware/--model-shape, not both")
+    if args.hardware:
+        target = from_roofline(args.hardware, args.model_shape)
+    elif args.profile:
+        target = from_profile(args.profile, args.model)
+    else:
+        with resources.as_file(resources.files("lenserve.data") / DEFAULT_PROFILE) as path:
+            target = from_profile(str(path), args.model)
+    return with_blocks(target, args.num_gpu_blocks)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from lenserve.bench.simulation import SimSpec, simulate
+
+    specs = parse_sim_backends(args.backends)
+    slos, rates = parse_goodput(args.goodput), parse_rates(args)
+    if args.swap_space:
+        raise ValueError("the simulator models no host KV tier: --swap-space must be 0")
+    target = sim_target(args)
+    if args.model is None:   # the workload is counted in the simulated model's tokenizer
+        args.model = target.shape.name if target.shape.name in _presets() else "opt-125m"
+    tokenizer = load_tokenizer(args)
+    options = BackendOptions(model=args.model, predictor=args.predictor,
+                             predictor_seed=args.predictor_seed,
+                             policy_config=tuple(args.policy_config or ()),
+                             max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    workloads = build_workloads(args, load_samples(args.dataset_name, args.dataset_path),
+                                sample_config(args), rates, tokenizer)
+    text = _prompt_text(tokenizer) if args.predictor not in ("none", "oracle") else None
+    print("\n".join(target.notes), file=sys.stderr)
+    runs = []
+    for name, policy in specs:
+        spec = SimSpec(name, policy, target, options, text)
+        for workload, rate in zip(workloads, rates):
+            began = time.perf_counter()
+            runs.append(simulate(spec, workload, rate, not args.disable_tqdm))
+            print(f"{name} @ {rate:g} req/s: simulated {runs[-1].duration_s:.1f}s in "
+                  f"{time.perf_counter() - began:.1f}s", file=sys.stderr)
+    results = summarize_runs(runs, slos)
+    print(format_report(results))
+    write_outputs(args, results, runs)
+    return 0
+
+
+def _presets() -> set[str]:
+    from services.executor.models.presets import PRESETS
+    return set(PRESETS)
+
+
+def _prompt_text(tokenizer):
+    """What the real engine hands its predictor for a token-ids request: the decoded prompt."""
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -1,0 +1,65 @@
+"""The cost-model executor: an ``Executor`` that runs no model. Each iteration advances the
+virtual clock by the cost model's time for its batch and samples a fixed ordinary token, so
+the serving core, the policy and the block accounting run exactly as they do on a device."""
+from __future__ import annotations
+
+import torch
+
+from services.executor.interface import Executor
+from services.executor.types import ExecutorInput, ExecutorOutput, IterationTimings, ModelInfo
+from services.simulator.cost_model import CostModel
+from services.simulator.features import from_input
+from services.simulator.shapes import ModelShape
+
+
+class VirtualClock:
+    """Seconds of simulated time; the engine reads it, the executor and the replay move it."""
+
+    def __init__(self, start: float = 0.0):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def advance_to(self, t: float) -> None:
+        self.now = max(self.now, t)
+
+
+class SimExecutor(Executor):
+    def __init__(self, shape: ModelShape, cost: CostModel, clock: VirtualClock, *,
+                 num_gpu_blocks: int, block_size: int = 16):
+        self.shape, self.cost, self.clock = shape, cost, clock
+        self.block_size, self.num_gpu_blocks = block_size, num_gpu_blocks
+        # Outputs are forced to a length (ignore_eos), so any ordinary token will do.
+        self.token = 1000 if shape.eos_token_id != 1000 else 1001
+        self.busy_s = 0.0
+        self.num_calls = 0
+
+    def model_info(self) -> ModelInfo:
+        s = self.shape
+        return ModelInfo(
+            name=s.name, family=s.family, vocab_size=s.vocab_size, num_layers=s.num_layers,
+            num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
+            max_model_len=s.max_model_len, block_size=self.block_size,
+            num_gpu_blocks=self.num_gpu_blocks,
+            bytes_per_block=s.kv_bytes_per_token() * self.block_size,
+            eos_token_id=s.eos_token_id, dtype=s.dtype, attention_backend="cost-model")
+
+    def execute(self, batch: ExecutorInput) -> ExecutorOutput:
+        seconds = self.cost.iteration_s(from_input(batch)) if batch.sequences else 0.0
+        self.clock.advance(seconds)
+        self.busy_s += seconds
+        self.num_calls += 1
+        token = self.token
+        sampled = {s.request_id: token for s in batch.sequences if s.sample}
+        return ExecutorOutput(batch.iteration, sampled,
+                              timings=IterationTimings(forward_s=seconds, total_s=seconds))
+
+    def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        raise NotImplementedError("the simulator models no host KV tier (use --swap-space 0)")
+
+    def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
+        raise NotImplementedError("the simulator models no host KV tier (use --swap-space 0)")

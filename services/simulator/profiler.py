@@ -1,0 +1,117 @@
+"""Measuring the real executor's iteration time over a grid of batches.
+
+A batch is built by hand (as ``lenserve bench-executor`` does): each sequence gets its own
+blocks of the executor's default KV pool, so the grid never asks for more KV than the engine
+would have on this device. Attention cost depends on lengths, not on the KV values."""
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
+
+import torch
+
+from lenserve_contract.sampling_params import SamplingParams
+from services.executor.runner import InProcessExecutor
+from services.executor.types import ExecutorInput, ScheduledSequence
+from services.simulator.profile_file import Profile, ProfilePoint
+from services.simulator.shapes import ModelShape
+
+GREEDY = SamplingParams(temperature=0.0)
+Group = tuple[int, int, int]     # (count, tokens fed each, computed each)
+
+
+def grid(max_tokens: int, kv_tokens: int, max_len: int, large: bool) -> list[tuple[Group, ...]]:
+    """Prefill-only, decode-only and mixed batches within the token budget and the KV pool."""
+    scale = 4 if large else 1
+    prefill = [((1, p, 0),) for p in (16, 64, 256, 512, 1024, 2048 * scale)]
+    prefill += [((4, 256, 0),), ((8, 128, 0),), ((1, 512, 1024),), ((2, 256, 768),)]
+    decode = [((d, 1, c - 1),) for d in (1, 4, 16, 32, 64 * scale, 256 * scale)
+              for c in (128, 512, 1024)]
+    mixed = [((1, 256, 0), (16, 1, 511)), ((1, 1024, 0), (8, 1, 255)),
+             ((1, 128, 256), (32, 1, 127))]
+    return [g for g in prefill + decode + mixed if _fits(g, max_tokens, kv_tokens, max_len)]
+
+
+def _fits(groups: tuple[Group, ...], max_tokens: int, kv_tokens: int, max_len: int) -> bool:
+    tokens = sum(c * q for c, q, _ in groups)
+    kv = sum(c * (q + d) for c, q, d in groups)
+    return tokens <= max_tokens and kv <= kv_tokens and all(q + d <= max_len
+                                                             for _, q, d in groups)
+
+
+def shape_of(executor: InProcessExecutor) -> ModelShape:
+    info, cfg = executor.model_info(), executor.loaded.hf_config
+    ffn = getattr(cfg, "ffn_dim", None) or getattr(cfg, "intermediate_size")
+    return ModelShape(info.name, info.family, info.num_layers, int(cfg.hidden_size),
+                      info.num_heads, info.num_kv_heads, info.head_dim, int(ffn),
+                      info.vocab_size, info.max_model_len, info.dtype, info.eos_token_id,
+                      ffn_matrices=3 if info.family == "llama" else 2)
+
+
+class Profiler:
+    def __init__(self, executor: InProcessExecutor, repeats: int = 3):
+        self.executor = executor
+        self.repeats = repeats
+        self._calls = 0
+        self._forget: list[str] = []
+        gen = torch.Generator().manual_seed(0)
+        self._tokens = torch.randint(1000, executor.model_info().vocab_size, (8192,),
+                                     generator=gen).tolist()
+
+    def measure(self, groups: tuple[Group, ...]) -> ProfilePoint:
+        times = [self._time(groups) for _ in range(self.repeats + 1)]
+        return ProfilePoint(groups, tuple(times[1:]))    # the first call warms up
+
+    def _time(self, groups: tuple[Group, ...]) -> float:
+        batch = self._batch(groups)
+        start = time.perf_counter()
+        self.executor.execute(batch)
+        return time.perf_counter() - start
+
+    def _batch(self, groups: tuple[Group, ...]) -> ExecutorInput:
+        bs, seqs, next_block = self.executor.block_size, [], 0
+        self._calls += 1
+        for gi, (count, q, done) in enumerate(groups):
+            need = -(-(q + done) // bs)
+            for i in range(count):
+                table = list(range(next_block, next_block + need))
+                next_block += need
+                seqs.append(ScheduledSequence(f"c{self._calls}g{gi}s{i}", self._tokens[:q],
+                                              done, table, True, GREEDY))
+        batch = ExecutorInput(self._calls, seqs, finished_request_ids=self._forget)
+        self._forget = [s.request_id for s in seqs]
+        return batch
+
+
+def run_profile(executor: InProcessExecutor, *, max_tokens: int = 2048, repeats: int = 3,
+                progress: Callable[[Iterable], Iterable] = iter) -> Profile:
+    info = executor.model_info()
+    kv_tokens = info.num_gpu_blocks * info.block_size
+    large = executor.device.type == "cuda"
+    profiler = Profiler(executor, repeats)
+    points = [profiler.measure(g) for g in progress(grid(max_tokens, kv_tokens,
+                                                         info.max_model_len, large))]
+    return Profile(shape_of(executor), executor.device.type, info.block_size,
+                   info.num_gpu_blocks, tuple(points), knots=(128, 512),
+                   meta=environment(executor))
+
+
+def environment(executor: InProcessExecutor) -> dict:
+    import transformers
+    dev = executor.device
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor()
+    return {"device_name": name or platform.machine(), "cpu_threads": torch.get_num_threads(),
+            "attention_backend": executor.backend.name,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                         "transformers": transformers.__version__, "lenserve": _version()}}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("lenserve")
+    except PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,78 @@
+"""The analytical cost model, for hardware and models that were not profiled. Every number
+it gives is an ESTIMATE: datasheet peaks scaled by efficiency factors chosen to land near
+published vLLM measurements, not measured here.
+
+An iteration is two phases, each bound by compute or by memory, whichever is slower:
+* dense layers: 2 FLOPs per weight per fed token (+ the LM head per sampled sequence) against
+  reading every weight once;
+* attention: 4 FLOPs per (query, key) pair per head dimension and layer against reading the
+  batch's KV once;
+plus a fixed per-iteration overhead (kernel launches, sampling, host work)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.simulator.cost_model import CostModel
+from services.simulator.features import IterationFeatures
+from services.simulator.shapes import ModelShape
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    memory_bytes: int
+    peak_flops: float            # dense fp16/bf16 tensor-core FLOP/s (datasheet)
+    memory_bandwidth: float      # bytes/s (datasheet)
+    compute_efficiency: float = 0.6      # estimate
+    attention_efficiency: float = 0.4    # estimate
+    memory_efficiency: float = 0.75      # estimate
+    overhead_s: float = 0.004            # estimate: per-iteration launch and host work
+
+
+HARDWARE: dict[str, Hardware] = {
+    "a100-80g": Hardware("NVIDIA A100-SXM4-80GB", 80 * GIB, 312e12, 2.039e12),
+    "h100": Hardware("NVIDIA H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12),
+}
+
+
+def hardware(name: str) -> Hardware:
+    if name not in HARDWARE:
+        raise ValueError(f"unknown hardware {name!r}; choose one of {sorted(HARDWARE)}")
+    return HARDWARE[name]
+
+
+@dataclass(frozen=True)
+class RooflineCostModel(CostModel):
+    shape: ModelShape
+    hw: Hardware
+
+    def iteration_s(self, f: IterationFeatures) -> float:
+        s, hw = self.shape, self.hw
+        dense_flops = 2.0 * (s.dense_params * f.tokens + s.vocab_size * s.hidden_size * f.sampled)
+        dense = max(dense_flops / (hw.peak_flops * hw.compute_efficiency),
+                    s.weight_bytes / (hw.memory_bandwidth * hw.memory_efficiency))
+        attn_flops = 4.0 * s.num_layers * s.num_heads * s.head_dim * f.attended
+        kv_bytes = f.context * s.kv_bytes_per_token()
+        attention = max(attn_flops / (hw.peak_flops * hw.attention_efficiency),
+                        kv_bytes / (hw.memory_bandwidth * hw.memory_efficiency))
+        return dense + attention + hw.overhead_s
+
+    def describe(self) -> str:
+        hw = self.hw
+        return (f"roofline cost model (ESTIMATE) for {self.shape.name} on {hw.name}: efficiency "
+                f"compute {hw.compute_efficiency}, attention {hw.attention_efficiency}, memory "
+                f"{hw.memory_efficiency}, overhead {hw.overhead_s * 1e3:.1f} ms/iteration")
+
+
+def kv_capacity_blocks(shape: ModelShape, hw: Hardware, block_size: int,
+                       utilization: float = 0.9, activation_reserve: int = 2 * GIB) -> int:
+    """Blocks left for KV (ESTIMATE): ``utilization`` of memory minus weights and a reserve
+    for activations, as vLLM sizes its pool."""
+    free = int(hw.memory_bytes * utilization) - shape.weight_bytes - activation_reserve
+    blocks = free // (shape.kv_bytes_per_token() * block_size)
+    if blocks < 1:
+        raise ValueError(f"{shape.name} ({shape.weight_bytes / GIB:.1f} GiB of weights) leaves no "
+                         f"KV memory on {hw.name}")
+    return blocks

@@ -1,0 +1,54 @@
+"""What is simulated: a model shape, its cost model and its KV pool, from a measured profile
+or from the roofline (hardware + model shape)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.simulator.cost_model import CostModel
+from services.simulator.profile_file import load_profile
+from services.simulator.roofline import RooflineCostModel, hardware, kv_capacity_blocks
+from services.simulator.shapes import ModelShape, model_shape
+
+
+@dataclass(frozen=True)
+class SimTarget:
+    shape: ModelShape
+    cost: CostModel
+    num_gpu_blocks: int
+    block_size: int
+    notes: tuple[str, ...]     # what the numbers rest on, estimates named as such
+
+
+def from_profile(path: str, model: str | None = None) -> SimTarget:
+    """The profile's model with a cost model fitted to its points. ``model``, when given,
+    must be the profiled one: a profile of another model would time the wrong network."""
+    profile = load_profile(path)
+    if model is not None and model != profile.shape.name:
+        raise ValueError(f"profile {path!r} was measured on {profile.shape.name!r}, not "
+                         f"{model!r}; profile {model} with `lenserve profile` first")
+    cost, report = profile.fit()
+    meta = profile.meta or {}
+    notes = (f"measured profile {path} ({profile.shape.name}, {profile.device} "
+             f"{meta.get('device_name', '')}, {meta.get('date', 'undated')})",
+             cost.describe(), str(report),
+             f"KV pool: {profile.num_gpu_blocks} blocks of {profile.block_size} (the real "
+             f"executor's default on that device)")
+    return SimTarget(profile.shape, cost, profile.num_gpu_blocks, profile.block_size, notes)
+
+
+def from_roofline(hardware_name: str, shape_name: str, block_size: int = 16) -> SimTarget:
+    hw, shape = hardware(hardware_name), model_shape(shape_name)
+    blocks = kv_capacity_blocks(shape, hw, block_size)
+    cost = RooflineCostModel(shape, hw)
+    notes = (cost.describe(),
+             f"KV pool (ESTIMATE): {blocks} blocks of {block_size} = {blocks * block_size} "
+             f"tokens: 90% of {hw.memory_bytes / 2**30:.0f} GiB minus "
+             f"{shape.weight_bytes / 2**30:.1f} GiB of weights and 2 GiB for activations")
+    return SimTarget(shape, cost, blocks, block_size, notes)
+
+
+def with_blocks(target: SimTarget, num_gpu_blocks: int | None) -> SimTarget:
+    if num_gpu_blocks is None:
+        return target
+    return SimTarget(target.shape, target.cost, num_gpu_blocks, target.block_size,
+                     target.notes + (f"KV pool set by --num-gpu-blocks: {num_gpu_blocks}",))
