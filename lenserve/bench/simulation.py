@@ -34,22 +34,31 @@ class SimSpec:
 
 def build_engine(spec: SimSpec, clock: VirtualClock) -> EngineCore:
     t, o = spec.target, spec.options
-    executor = SimExecutor(t.shape, t.cost, clock, num_gpu_blocks=t.num_gpu_blocks,
+    blocks = num_gpu_blocks(spec)
+    executor = SimExecutor(t.shape, t.cost, clock, num_gpu_blocks=blocks,
                            block_size=t.block_size)
+    # The oracle policy is defined by the true lengths, whatever --predictor says.
+    predictor = "oracle" if spec.policy == "oracle" else o.predictor
     config = EngineConfig(
         model=t.shape.name, policy=spec.policy, policy_config=o.policy_config,
-        block_size=t.block_size, num_gpu_blocks=t.num_gpu_blocks,
+        block_size=t.block_size, num_gpu_blocks=blocks,
         max_num_batched_tokens=o.max_num_batched_tokens, max_num_seqs=o.max_num_seqs,
-        max_model_len=max_model_len(spec), predictor=o.predictor,
+        max_model_len=max_model_len(spec), predictor=predictor,
         predictor_seed=o.predictor_seed)
     return EngineCore(**engine_parts(config, executor), tokenizer=None, clock=clock,
                       finished_outputs_only=True)
 
 
+def num_gpu_blocks(spec: SimSpec) -> int:
+    """``--num-gpu-blocks`` sizes the simulated pool against the workload, else the target's
+    memory does."""
+    return spec.options.num_gpu_blocks or spec.target.num_gpu_blocks
+
+
 def max_model_len(spec: SimSpec) -> int:
     """The context limit asked for, within the model and the simulated KV pool."""
     t = spec.target
-    limits = [t.shape.max_model_len, t.num_gpu_blocks * t.block_size]
+    limits = [t.shape.max_model_len, num_gpu_blocks(spec) * t.block_size]
     return min(limits + ([spec.options.max_model_len] if spec.options.max_model_len else []))
 
 
