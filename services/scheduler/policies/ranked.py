@@ -17,6 +17,8 @@ livelock the way self-preemption can.
 """
 from __future__ import annotations
 
+from abc import abstractmethod
+
 from dataclasses import dataclass
 
 from services.scheduler.output import Budget, SchedulerOutput
@@ -79,21 +81,21 @@ class RankedPolicy(Policy):
                 "blocks; lower watermark_blocks or max_model_len")
 
     # -- what a concrete policy provides -------------------------------------------------------
+    @abstractmethod
     def _rank_residents(self, state: SchedulerState) -> list[Request]:
         """Resident requests, best first."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _peek(self, state: SchedulerState) -> Request | None:
         """The best queued request, without removing it."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _pop(self, request: Request) -> None:
         """Remove ``request`` (the last peeked) from the queue: it is being admitted."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _requeue(self, request: Request, state: SchedulerState) -> None:
         """Queue a request just evicted (swapped or preempted)."""
-        raise NotImplementedError
 
     def _outranks(self, candidate: Request, resident: Request, state: SchedulerState) -> bool:
         """Whether the queued ``candidate`` should run before ``resident``."""
