@@ -168,6 +168,7 @@ class EngineCore:
                 logger.error("iteration %d failed: %s", out.iteration, exc)
             else:
                 logger.exception("iteration %d failed", out.iteration)
+            self.scheduler.resend_block_tables()
             self._finish_swap_outs()
             return failed + self._fail_batch(out, exc)
         t3 = time.perf_counter()

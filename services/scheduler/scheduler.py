@@ -115,6 +115,12 @@ class Scheduler:
         host blocks swap-ins read may be handed out again."""
         self.state.release_swapped()
 
+    def resend_block_tables(self) -> None:
+        """Send whole tables from the next iteration on: the executor may have lost its copy
+        (a failed call, or a restarted executor process)."""
+        self._sent.clear()
+        self._forget.clear()
+
     def _drop_table(self, request_id: str) -> None:
         if self._sent.pop(request_id, None) is not None:
             self._forget.append(request_id)

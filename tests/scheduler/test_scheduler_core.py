@@ -150,3 +150,14 @@ def test_block_tables_travel_as_deltas_and_whole_after_a_rewrite():
     _, batch = step(s)
     assert batch.finished_request_ids == ["a"]
     assert not batch.sequences[0].block_table_is_delta
+
+
+def test_whole_tables_are_resent_after_the_executor_lost_them():
+    s = make_scheduler()
+    add(s, make_request("a", 4, max_tokens=12))
+    step(s)
+    _, batch = step(s)
+    assert batch.sequences[0].block_table_is_delta
+    s.resend_block_tables()
+    _, batch = step(s)
+    assert not batch.sequences[0].block_table_is_delta and batch.sequences[0].block_table == [0, 1]
