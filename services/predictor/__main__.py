@@ -11,10 +11,8 @@ import sys
 import threading
 import time
 
-import numpy as np
-
 from services.predictor.config import EmbedderConfig, MLPConfig, PredictorConfig, StoreConfig
-from services.predictor.embedder import PRECISIONS, resolve_precision
+from services.predictor.embedder import PRECISIONS
 
 log = logging.getLogger("lenserve.predictor")
 DEFAULT_PORT = 50053  # documented default; override with --port or LENSERVE_PREDICTOR_PORT
@@ -204,7 +202,7 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def _load_split(args):
+def load_split(args):
     from services.predictor import datasets
 
     samples = datasets.load(args.dataset_name, args.dataset_path)
@@ -218,7 +216,7 @@ def build(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = dataclasses.replace(config_from_args(args), retrain_every=0)
-    train, _, tokenizer = _load_split(argparse.Namespace(**{**vars(args), "num_test": 0}))
+    train, _, tokenizer = load_split(argparse.Namespace(**{**vars(args), "num_test": 0}))
     lengths = datasets.count_tokens(tokenizer, [s.reply for s in train])
     t0 = time.perf_counter()
     epochs = build_finetune_epochs(args, len(train))
@@ -308,85 +306,6 @@ def _fine_tune(args, config: PredictorConfig, prompts: list[str], lengths) -> Pr
                                                                     encoder_path=out))
 
 
-def evaluate(args) -> int:
-    from services.predictor import evaluate as ev
-    from services.predictor.proxy import ProxyConfig
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if args.shift:
-        return evaluate_shift(args)
-    train, test, tokenizer = _load_split(args)
-    data = ev.prepare(train, test, tokenizer)
-    config = dataclasses.replace(config_from_args(args), store=StoreConfig(), retrain_every=0)
-    proxy = ProxyConfig(encoder_path=args.encoder, epochs=args.proxy_epochs)
-    finetune = finetune_config(args) if args.finetune_epochs > 0 else None
-    rows = ev.run(data, config, proxy, args.bucket_width, args.num_buckets,
-                  with_proxy=args.proxy_epochs > 0, finetune=finetune)
-    print(f"{args.dataset_name}: train {len(train)}, test {len(test)}; lengths in tokens of "
-          f"{args.tokenizer or 'all-MiniLM-L6-v2'}")
-    print(f"bucket accuracy: {ev.describe_buckets(args.bucket_width, args.num_buckets)}; "
-          f"encoder window {args.max_seq_length or 32} tokens (tuned: "
-          f"{finetune.max_seq_length if finetune else '-'}), {resolve_precision(args.precision)}, "
-          f"torch threads {args.threads}")
-    print(ev.format_table(rows))
-    return 0
-
-
-def evaluate_shift(args) -> int:
-    from services.predictor import datasets
-    from services.predictor import evaluate as ev
-    from services.predictor import shift_eval
-
-    if not args.shift_path:
-        raise ValueError("--shift needs --shift-path: the file of the served model's replies")
-    seed = datasets.split(datasets.load(args.dataset_name, args.dataset_path), args.num_train,
-                          0, args.seed)[0]
-    served = datasets.load(args.shift, args.shift_path)
-    observe, test = datasets.split(served, args.shift_observe, args.shift_test, args.seed)
-    tokenizer = datasets.load_tokenizer(args.tokenizer)
-    count = lambda part, scale=1.0: shift_eval.scaled(
-        datasets.count_tokens(tokenizer, [x.reply for x in part]), scale)
-    data = shift_eval.ShiftData(
-        ev.EvalData([x.prompt for x in seed], count(seed), [x.prompt for x in test],
-                    count(test, args.shift_scale)),
-        [x.prompt for x in observe], count(observe, args.shift_scale))
-    config = dataclasses.replace(config_from_args(args), store=StoreConfig())
-    metric = lambda pred, upper=None: ev.length_metrics(pred, data.seed.test_lengths, upper,
-                                                        args.bucket_width, args.num_buckets)
-    finetune = finetune_config(args) if args.finetune_epochs > 0 else None
-    rows = [ev.Row("global mean of seed", metric(np.full(len(test), np.mean(
-        data.seed.train_lengths))))]
-    rows += shift_eval.run(data, config, metric, args.shift_checkpoints)
-    if finetune is not None:
-        rows += ev.with_tuned_encoder(data.seed, config, finetune, lambda tuned, _: shift_eval.run(
-            data, tuned, metric, args.shift_checkpoints, " + tuned encoder"))
-    print(f"seed: {args.dataset_name} {len(seed)}; served: {args.shift} x{args.shift_scale:g}, "
-          f"{len(observe)} observed, {len(test)} test; lengths in tokens of "
-          f"{args.tokenizer or 'all-MiniLM-L6-v2'}")
-    print(ev.format_table(rows))
-    return 0
-
-
-def add_eval_args(p: argparse.ArgumentParser) -> None:
-    add_common(p)
-    add_data_args(p)
-    p.add_argument("--bucket-width", type=int, default=100)
-    p.add_argument("--num-buckets", type=int, default=10)
-    p.add_argument("--proxy-epochs", type=int, default=2, help="0 skips the proxy baseline")
-    add_finetune_args(p, 2, "also run ALISE on an encoder fine-tuned on the training part "
-                            "(0 = off)")
-    g = p.add_argument_group("shift test: seeded from --dataset-*, serving another model")
-    g.add_argument("--shift", choices=["sharegpt", "alpaca"], default=None,
-                   help="data set whose real replies the served model gives")
-    g.add_argument("--shift-path", default=None, help="its file")
-    g.add_argument("--shift-scale", type=float, default=1.0,
-                   help="served lengths = its reply lengths times this (2: a verbose model)")
-    g.add_argument("--shift-observe", type=int, default=500, help="completions observed")
-    g.add_argument("--shift-test", type=int, default=500, help="prompts predicted")
-    g.add_argument("--shift-checkpoints", type=int, nargs="*", default=[100],
-                   help="also report after this many observed completions")
-
-
 def register_subcommands(sub) -> None:
     s = sub.add_parser("serve", help="run the gRPC PredictorService")
     add_serve_args(s)
@@ -399,7 +318,10 @@ def register_subcommands(sub) -> None:
     b.add_argument("--encoder-out", default=None,
                    help="where the fine-tuned encoder goes (default: beside --qdrant-path)")
     b.set_defaults(func=build)
-    e = sub.add_parser("eval", help="ALISE vs baselines on a train/test split")
+    from services.predictor.eval_cli import add_eval_args, evaluate
+
+    e = sub.add_parser("eval", help="ALISE vs baselines on a train/test split, or --shift: "
+                                    "seeded from one model's replies, serving another")
     add_eval_args(e)
     e.set_defaults(func=evaluate)
 

@@ -28,10 +28,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from services.predictor import learning, mlp
+from services.predictor.learning import TrainingSet
 from services.predictor.bias import BiasBook
 from services.predictor.config import PredictorConfig
 from services.predictor.embedder import Embedder
 from services.predictor.intake import RecentIds, check_prompt, screen
+from services.predictor.retrieval import retrieval_log, retrieval_weight, seed_retrieval_log
 from services.predictor.store import EMPTY, LengthStore, Neighbours
 from services.predictor.types import Completion, ObserveResult, Prediction, PredictionError, Source
 
@@ -41,23 +43,6 @@ log = logging.getLogger(__name__)
 CALIBRATION_WEIGHT = 20.0
 # Before a source has enough residuals, pad by EconoServe's ShareGPT sweet spot.
 UNCALIBRATED_PAD = 0.15
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingSet:
-    """What the MLP is (re)trained on: seed targets moved by the seed shift, weights that
-    favour observed records."""
-
-    vectors: np.ndarray
-    lengths: np.ndarray
-    weights: np.ndarray
-    observed: np.ndarray
-    seed_shift: float
-    seed_share: float
-
-    @property
-    def num_observed(self) -> int:
-        return int(self.observed.sum())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,13 +293,9 @@ class Predictor:
             return self.store.export(model)
 
     def training_set(self, model: str) -> TrainingSet:
-        vectors, lengths, observed = self.export(model)
-        shift = self.seed_bias.shift(model, Source.MLP.value)
-        weights = learning.training_weights(observed, self.config.observed_parity)
-        seed_share = float(weights[~observed].sum() / weights.sum()) if len(weights) else 1.0
-        targets = np.expm1(np.log1p(lengths) + np.where(observed, 0.0, shift))
-        return TrainingSet(vectors, targets.astype(np.float32), weights, observed, shift,
-                           seed_share)
+        return learning.training_set(*self.export(model),
+                                     self.seed_bias.shift(model, Source.MLP.value),
+                                     self.config.observed_parity)
 
     def retrain(self, model: str) -> int:
         """Train the MLP from the DB's contents in-process and swap it in; returns the version."""
@@ -375,33 +356,3 @@ class Predictor:
             "mlp_seed_share": None if served is None else served.seed_share,
             "stats": dict(self.stats),
         }
-
-
-def retrieval_weight(top: float, s0: float, width: float) -> float:
-    """Weight of retrieval against the MLP: 1 at s0 and above, 0 at s0 - width and below,
-    linear in between; a step at s0 when width is 0."""
-    if width <= 0.0:
-        return 1.0 if top >= s0 else 0.0
-    return float(np.clip((top - (s0 - width)) / width, 0.0, 1.0))
-
-
-def retrieval_log(nb: Neighbours, floor: float, seed_shift: float,
-                  seed_w: float) -> tuple[float, float]:
-    """Similarity-weighted mean log1p length of the neighbours at or above `floor`, and the
-    seed neighbours' share of it; a seed neighbour's length is moved by the seed shift and
-    its weight scaled by seed_w."""
-    keep = nb.scores >= floor
-    observed = nb.observed[keep]
-    w = np.maximum(nb.scores[keep], 1e-6) * np.where(observed, 1.0, seed_w)
-    y = np.log1p(nb.lengths[keep]) + np.where(observed, 0.0, seed_shift)
-    return float(w @ y / w.sum()), float(w[~observed].sum() / w.sum())
-
-
-def seed_retrieval_log(nb: Neighbours, floor: float) -> float:
-    """What seed neighbours alone say, unshifted: the reference of the retrieval's seed
-    shift (nan when no seed neighbour is close enough to be used)."""
-    keep = (nb.scores >= floor) & ~nb.observed
-    if not keep.any():
-        return float("nan")
-    w = np.maximum(nb.scores[keep], 1e-6)
-    return float(w @ np.log1p(nb.lengths[keep]) / w.sum())

@@ -40,6 +40,34 @@ def training_weights(observed: np.ndarray, parity: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class TrainingSet:
+    """What the MLP is (re)trained on: seed targets moved by the seed shift, weights that
+    favour observed records."""
+
+    vectors: np.ndarray
+    lengths: np.ndarray
+    weights: np.ndarray
+    observed: np.ndarray
+    seed_shift: float
+    seed_share: float
+
+    @property
+    def num_observed(self) -> int:
+        return int(self.observed.sum())
+
+
+def training_set(vectors: np.ndarray, lengths: np.ndarray, observed: np.ndarray,
+                 seed_shift: float, parity: int) -> TrainingSet:
+    """A DB export as the MLP learns it: seed targets moved by the seed shift (log1p), the
+    observed records weighted to their share."""
+    weights = training_weights(observed, parity)
+    seed_share = float(weights[~observed].sum() / weights.sum()) if len(weights) else 1.0
+    targets = np.expm1(np.log1p(lengths) + np.where(observed, 0.0, seed_shift))
+    return TrainingSet(vectors, targets.astype(np.float32), weights, observed, seed_shift,
+                       seed_share)
+
+
+@dataclass(frozen=True)
 class TrainedAt:
     """What the served MLP was trained with: observed points and the seed data's shift."""
 

@@ -144,7 +144,7 @@ def test_embedding_is_head_and_tail_concatenated():
 
 
 def test_blend_weight_is_monotonic_in_similarity():
-    from services.predictor.core import retrieval_weight
+    from services.predictor.retrieval import retrieval_weight
 
     sims = np.linspace(0.0, 1.0, 101)
     w = [retrieval_weight(s, 0.8, 0.1) for s in sims]

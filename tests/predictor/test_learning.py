@@ -5,7 +5,7 @@ import pytest
 
 from services.predictor import learning
 from services.predictor.config import PredictorConfig
-from services.predictor.core import retrieval_log
+from services.predictor.retrieval import retrieval_log
 from services.predictor.learning import TrainedAt, retrain_due
 from services.predictor.store import Neighbours
 
