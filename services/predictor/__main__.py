@@ -12,7 +12,7 @@ import threading
 import time
 
 from services.predictor.config import EmbedderConfig, MLPConfig, PredictorConfig, StoreConfig
-from services.predictor.embedder import PRECISIONS, resolve_precision
+from services.predictor.embedder import PRECISIONS
 
 log = logging.getLogger("lenserve.predictor")
 DEFAULT_PORT = 50053  # documented default; override with --port or LENSERVE_PREDICTOR_PORT
@@ -105,7 +105,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retrain-dir", default=os.environ.get("LENSERVE_RETRAIN_DIR"),
                    help="directory shared with the Celery worker for DB snapshots and weights "
                         "(default: a fresh temporary directory, enough for a worker on this host)")
-    p.add_argument("--retrain-every", type=int, default=1000, help="new records per retrain")
+    p.add_argument("--retrain-every", type=int, default=1000,
+                   help="retrain the MLP at least every this many new observed completions "
+                        "(earlier while few were observed; 0 = never automatically)")
     p.add_argument("--retrain-interval-s", type=float, default=0.0,
                    help="also retrain periodically (0 = off)")
 
@@ -147,11 +149,13 @@ async def serve_async(args) -> int:
     from services.predictor.core import Predictor
     from services.predictor.servicer import build_server, mark_serving
 
+    from services.predictor import tasks
+
     config = config_from_args(args)
     predictor = Predictor(config)
+    # Retraining never runs on the Observe path: in a Celery worker, else in a thread.
+    predictor.retrain_hook = tasks.ThreadRetrainer(predictor)
     if args.celery_broker:
-        from services.predictor import tasks
-
         tasks.configure(args.celery_broker)
         if args.retrain_dir:
             os.makedirs(args.retrain_dir, exist_ok=True)
@@ -198,7 +202,7 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def _load_split(args):
+def load_split(args):
     from services.predictor import datasets
 
     samples = datasets.load(args.dataset_name, args.dataset_path)
@@ -210,14 +214,18 @@ def build(args) -> int:
     from services.predictor import datasets, mlp
     from services.predictor.core import Predictor
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = dataclasses.replace(config_from_args(args), retrain_every=0)
-    train, _, tokenizer = _load_split(argparse.Namespace(**{**vars(args), "num_test": 0}))
+    train, _, tokenizer = load_split(argparse.Namespace(**{**vars(args), "num_test": 0}))
     lengths = datasets.count_tokens(tokenizer, [s.reply for s in train])
     t0 = time.perf_counter()
-    if args.finetune_epochs > 0:
-        config = _fine_tune(args, config, [s.prompt for s in train], lengths)
+    epochs = build_finetune_epochs(args, len(train))
+    if epochs > 0:
+        config = _fine_tune(argparse.Namespace(**{**vars(args), "finetune_epochs": epochs}),
+                            config, [s.prompt for s in train], lengths)
     predictor = Predictor(config)
-    created = predictor.seed(args.model, [s.prompt for s in train], lengths)
+    created = seed_in_chunks(predictor, args.model, [s.prompt for s in train], lengths)
+    log.info("training the MLP on %d records", predictor.store.count(args.model))
     version = predictor.retrain(args.model)
     path = mlp_path(config, args.model)
     if path:
@@ -231,6 +239,40 @@ def build(args) -> int:
     return 0
 
 
+SEED_CHUNK = 1024
+
+
+def seed_in_chunks(predictor, model: str, prompts: list[str], lengths) -> int:
+    """Seed with a progress line per chunk: embedding thousands of prompts takes minutes."""
+    created, t0 = 0, time.perf_counter()
+    for i in range(0, len(prompts), SEED_CHUNK):
+        created += predictor.seed(model, prompts[i:i + SEED_CHUNK], lengths[i:i + SEED_CHUNK])
+        done = min(len(prompts), i + SEED_CHUNK)
+        log.info("embedded %d/%d prompts (%.0f/s)", done, len(prompts),
+                 done / max(time.perf_counter() - t0, 1e-9))
+    return created
+
+
+def build_finetune_epochs(args, num_records: int) -> int:
+    """--finetune-epochs, or by default the length-aware encoder when there are enough
+    records to fine-tune it and a place beside the DB to keep it."""
+    from services.predictor.finetune import AUTO_EPOCHS, AUTO_MIN_RECORDS
+
+    if args.finetune_epochs is not None:
+        return args.finetune_epochs
+    if num_records < AUTO_MIN_RECORDS:
+        log.info("stock encoder: %d records are fewer than the %d a fine-tune needs to "
+                 "generalise", num_records, AUTO_MIN_RECORDS)
+        return 0
+    if not (args.encoder_out or encoder_beside_db(args.qdrant_path, args.qdrant_url)):
+        log.info("stock encoder: no place to keep a fine-tuned one (give an on-disk "
+                 "--qdrant-path or --encoder-out)")
+        return 0
+    log.info("fine-tuning the length-aware encoder on %d records (%d epochs; "
+             "--finetune-epochs 0 keeps the stock one)", num_records, AUTO_EPOCHS)
+    return AUTO_EPOCHS
+
+
 def finetune_config(args):
     from services.predictor.finetune import DEFAULT_WINDOW
     from services.predictor.proxy import ProxyConfig
@@ -241,7 +283,7 @@ def finetune_config(args):
                        num_layers=args.finetune_layers, seed=args.seed)
 
 
-def add_finetune_args(p: argparse.ArgumentParser, epochs: int, what: str) -> None:
+def add_finetune_args(p: argparse.ArgumentParser, epochs: int | None, what: str) -> None:
     from services.predictor.finetune import DEFAULT_LAYERS
 
     p.add_argument("--finetune-epochs", type=int, default=epochs, help=what)
@@ -264,38 +306,6 @@ def _fine_tune(args, config: PredictorConfig, prompts: list[str], lengths) -> Pr
                                                                     encoder_path=out))
 
 
-def evaluate(args) -> int:
-    from services.predictor import evaluate as ev
-    from services.predictor.proxy import ProxyConfig
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    train, test, tokenizer = _load_split(args)
-    data = ev.prepare(train, test, tokenizer)
-    config = dataclasses.replace(config_from_args(args), store=StoreConfig(), retrain_every=0)
-    proxy = ProxyConfig(encoder_path=args.encoder, epochs=args.proxy_epochs)
-    finetune = finetune_config(args) if args.finetune_epochs > 0 else None
-    rows = ev.run(data, config, proxy, args.bucket_width, args.num_buckets,
-                  with_proxy=args.proxy_epochs > 0, finetune=finetune)
-    print(f"{args.dataset_name}: train {len(train)}, test {len(test)}; lengths in tokens of "
-          f"{args.tokenizer or 'all-MiniLM-L6-v2'}")
-    print(f"bucket accuracy: {ev.describe_buckets(args.bucket_width, args.num_buckets)}; "
-          f"encoder window {args.max_seq_length or 32} tokens (tuned: "
-          f"{finetune.max_seq_length if finetune else '-'}), {resolve_precision(args.precision)}, "
-          f"torch threads {args.threads}")
-    print(ev.format_table(rows))
-    return 0
-
-
-def add_eval_args(p: argparse.ArgumentParser) -> None:
-    add_common(p)
-    add_data_args(p)
-    p.add_argument("--bucket-width", type=int, default=100)
-    p.add_argument("--num-buckets", type=int, default=10)
-    p.add_argument("--proxy-epochs", type=int, default=2, help="0 skips the proxy baseline")
-    add_finetune_args(p, 2, "also run ALISE on an encoder fine-tuned on the training part "
-                            "(0 = off)")
-
-
 def register_subcommands(sub) -> None:
     s = sub.add_parser("serve", help="run the gRPC PredictorService")
     add_serve_args(s)
@@ -303,12 +313,15 @@ def register_subcommands(sub) -> None:
     b = sub.add_parser("build", help="seed the DB from a data set and train the MLP")
     add_common(b)
     add_data_args(b)
-    add_finetune_args(b, 0, "first fine-tune the encoder on the records' lengths (0 = stock "
-                            "encoder)")
+    add_finetune_args(b, None, "first fine-tune the encoder on the records' lengths (default: "
+                               "2 epochs with 2,000 records or more; 0 = stock encoder)")
     b.add_argument("--encoder-out", default=None,
                    help="where the fine-tuned encoder goes (default: beside --qdrant-path)")
     b.set_defaults(func=build)
-    e = sub.add_parser("eval", help="ALISE vs baselines on a train/test split")
+    from services.predictor.eval_cli import add_eval_args, evaluate
+
+    e = sub.add_parser("eval", help="ALISE vs baselines on a train/test split, or --shift: "
+                                    "seeded from one model's replies, serving another")
     add_eval_args(e)
     e.set_defaults(func=evaluate)
 

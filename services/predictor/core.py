@@ -4,10 +4,22 @@ predict: embed → top-k in the model's DB → if the best similarity ≥ s0, th
 weighted (geometric) mean of the neighbours' real lengths, else the MLP on the embedding, else
 a safe default. Between s0 - blend_width and s0 the two are blended in log length, the
 retrieval's weight rising linearly with the best similarity (blend_width 0: ALISE's hard
-switch). observe: DB.update with the real length, plus a calibration residual.
+switch). observe: DB.update with the real length, and learning the served model:
+
+* Seed shift. The DB and the MLP usually start from a data set of another model's replies.
+  Per model and source, a robust recency-weighted estimate of log(real / seed prediction)
+  (bias.py) moves seed neighbours' lengths and the seed-derived part of the MLP to the served
+  model's scale. It is measured against parts that only seed data shaped (seed neighbours,
+  the MLP trained on seed records alone), so it never chases its own corrections.
+* Residual correction. The same estimate of log(real / prediction) per source corrects what
+  remains, follows a served model's drift, and sets the upper quantile.
+* Observed completions outrank seed data (learning.py): seed neighbours weigh less as
+  observations accumulate, and the MLP is retrained with the observed records weighing most,
+  when enough new ones arrived or the seed shift moved.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import Counter
@@ -15,14 +27,37 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from services.predictor import mlp
-from services.predictor.calibration import Calibrator
+from services.predictor import learning, mlp
+from services.predictor.learning import TrainingSet
+from services.predictor.bias import BiasBook
 from services.predictor.config import PredictorConfig
 from services.predictor.embedder import Embedder
-from services.predictor.store import LengthStore, Neighbours
+from services.predictor.intake import RecentIds, check_prompt, screen
+from services.predictor.retrieval import retrieval_log, retrieval_weight, seed_retrieval_log
+from services.predictor.store import EMPTY, LengthStore, Neighbours
 from services.predictor.types import Completion, ObserveResult, Prediction, PredictionError, Source
 
 log = logging.getLogger(__name__)
+# Held-out calibration pairs (seed data) weigh this many completions in all: they set the
+# padding until the served model's own completions arrive, and then give way to them.
+CALIBRATION_WEIGHT = 20.0
+# Before a source has enough residuals, pad by EconoServe's ShareGPT sweet spot.
+UNCALIBRATED_PAD = 0.15
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    """What one pass over a batch of vectors found; log lengths are log1p."""
+
+    log_len: np.ndarray  # before the residual correction
+    sources: list[Source]
+    top: np.ndarray
+    # How much of each prediction the seed shifts (retrieval, MLP) moved, and their values.
+    coefs: np.ndarray  # (n, 2)
+    offsets: tuple[float, float]
+    error: PredictionError | None
+    seed_retrieval: np.ndarray | None = None  # seed neighbours alone, unshifted (nan: none)
+    seed_mlp: np.ndarray | None = None  # the MLP trained on seed records alone (nan: none)
 
 
 class Predictor:
@@ -33,11 +68,16 @@ class Predictor:
         self.embedder = embedder or Embedder(config.embedder, config.max_prompt_chars)
         self.store = store or LengthStore(config.store, self.embedder.dim,
                                          encoder=self.embedder.encoder_id)
-        self.mlps = mlp.MLPSlot()
-        self.calibrator = Calibrator(config.upper_quantile, config.calibration_window)
-        # Called with a model name when retrain_every new records arrived; None retrains inline.
+        self.mlps = mlp.MLPSlot()  # served
+        self.seed_mlps = mlp.MLPSlot()  # trained on seed records alone
+        self.seed_bias = BiasBook(config.bias)
+        self.residuals = BiasBook(config.bias)
+        # Called with a model name when a retrain is due; None retrains inline.
         self.retrain_hook = retrain_hook
-        self._new_records: Counter[str] = Counter()
+        self.stats: Counter[str] = Counter()
+        self._observed: dict[str, int] = {}
+        self._trained: dict[str, learning.TrainedAt] = {}
+        self._recent = RecentIds(config.dedup_window)
         self._tick = 0.0
         # Embedded Qdrant is not safe for a write racing a search; one lock keeps it simple.
         self._lock = threading.RLock()
@@ -50,7 +90,7 @@ class Predictor:
         out: list[Prediction | None] = [None] * len(prompts)
         valid = []
         for i, p in enumerate(prompts):
-            if err := _check_prompt(p, "prompts"):
+            if err := check_prompt(p, "prompts"):
                 out[i] = self._default(model, err)
             else:
                 valid.append(i)
@@ -62,7 +102,7 @@ class Predictor:
         if not prompts:
             return []
         try:
-            vectors = self.embedder.encode(prompts)
+            vectors = self.embedder.encode(prompts, cache=True)
         except Exception as exc:  # a broken encoder must not stop the service
             log.exception("embedding failed")
             return [self._default(model, PredictionError("INTERNAL", f"embedding failed: {exc}"))
@@ -70,14 +110,31 @@ class Predictor:
         return self.predict_vectors(model, vectors)
 
     def predict_vectors(self, model: str, vectors: np.ndarray) -> list[Prediction]:
+        batch = self._analyse(model, vectors)
+        no_data = batch.error or PredictionError(
+            "UNKNOWN_MODEL", f"no length data yet for model {model!r}", "model")
+        return [self._make(model, float(batch.log_len[i]), src, float(batch.top[i]),
+                           batch.offsets, no_data if src is Source.DEFAULT else None)
+                for i, src in enumerate(batch.sources)]
+
+    def _analyse(self, model: str, vectors: np.ndarray, seed_parts: bool = False) -> _Batch:
         neighbours, store_err = self._search(model, vectors)
-        weights = self.mlps.get(model)
-        mlp_lengths = weights.predict(vectors) if weights is not None else None
-        preds = []
-        for i, nb in enumerate(neighbours):
-            mlp_len = None if mlp_lengths is None else float(mlp_lengths[i])
-            preds.append(self._combine(model, nb, mlp_len, store_err))
-        return preds
+        offsets = (self.seed_bias.shift(model, Source.RETRIEVAL.value),
+                   self.seed_bias.shift(model, Source.MLP.value))
+        mlp_log, share = self._mlp_log(model, vectors, offsets[1])
+        w_seed = learning.seed_weight(self.num_observed(model), self.config.observed_parity)
+        rows = [self._combine(nb, None if mlp_log is None else float(mlp_log[i]), share,
+                              offsets[0], w_seed) for i, nb in enumerate(neighbours)]
+        log_len, sources, top, coef_ret, coef_mlp = zip(*rows) if rows else ((),) * 5
+        batch = _Batch(np.array(log_len, float), list(sources), np.array(top, float),
+                       np.column_stack([coef_ret, coef_mlp]).reshape(-1, 2), offsets, store_err)
+        if not seed_parts:
+            return batch
+        floor = self.config.similarity_threshold - max(0.0, self.config.blend_width)
+        seed = self.seed_mlps.get(model)
+        return dataclasses.replace(
+            batch, seed_retrieval=np.array([seed_retrieval_log(nb, floor) for nb in neighbours]),
+            seed_mlp=np.full(len(vectors), np.nan) if seed is None else seed.predict_log(vectors))
 
     def _search(self, model: str, vectors: np.ndarray):
         try:
@@ -85,38 +142,50 @@ class Predictor:
                 return self.store.search(model, vectors, self.config.top_k), None
         except Exception as exc:  # noqa: BLE001 - Qdrant down: fall back to the MLP or default
             log.warning("vector DB search failed: %s", exc)
-            empty = Neighbours(np.zeros(0, np.float32), np.zeros(0, np.float32))
-            return [empty] * len(vectors), PredictionError("UNAVAILABLE", f"vector DB: {exc}")
+            return [EMPTY] * len(vectors), PredictionError("UNAVAILABLE", f"vector DB: {exc}")
 
-    def _combine(self, model, nb: Neighbours, mlp_len, store_err) -> Prediction:
+    def _mlp_log(self, model: str, vectors: np.ndarray,
+                 seed_shift: float) -> tuple[np.ndarray | None, float]:
+        """The served MLP's log lengths and the share of them seed records shaped."""
+        weights = self.mlps.get(model)
+        if weights is None:
+            return None, 0.0
+        # Its seed targets were moved by the shift estimated when it was trained; the part of
+        # its output that seed records shaped follows the estimate until the next retrain.
+        moved = (seed_shift - weights.seed_shift) * weights.seed_share
+        return weights.predict_log(vectors) + moved, weights.seed_share
+
+    def _combine(self, nb: Neighbours, mlp_log: float | None, mlp_share: float,
+                 seed_shift: float, seed_w: float) -> tuple:
+        """(log1p length, source, top similarity, seed share of retrieval, of the MLP)."""
         top = min(1.0, float(nb.scores[0])) if len(nb.scores) else 0.0
         s0, width = self.config.similarity_threshold, max(0.0, self.config.blend_width)
         # With no MLP to blend with, ALISE's hard switch at s0.
         w = 0.0 if not len(nb.scores) else retrieval_weight(top, s0, width) \
-            if mlp_len is not None else float(top >= s0)
+            if mlp_log is not None else float(top >= s0)
         if w > 0.0:
-            keep = nb.scores >= s0 - width
-            log_len = float(np.dot(nb.scores[keep], np.log1p(nb.lengths[keep]))
-                            / nb.scores[keep].sum())
+            log_len, share = retrieval_log(nb, s0 - width, seed_shift, seed_w)
             if w < 1.0:
-                log_len = w * log_len + (1.0 - w) * float(np.log1p(mlp_len))
+                log_len = w * log_len + (1.0 - w) * mlp_log
             source = Source.RETRIEVAL if w >= 0.5 else Source.MLP
-            return self._make(model, float(np.expm1(log_len)), source, top)
-        if mlp_len is not None:
-            return self._make(model, mlp_len, Source.MLP, top)
-        err = store_err or PredictionError("UNKNOWN_MODEL", f"no length data yet for model "
-                                           f"{model!r}", "model")
-        return self._default(model, err, top)
+            return log_len, source, top, w * share, (1.0 - w) * mlp_share
+        if mlp_log is not None:
+            return mlp_log, Source.MLP, top, 0.0, mlp_share
+        return float(np.log1p(self.config.default_length)), Source.DEFAULT, top, 0.0, 0.0
 
-    def _make(self, model, length, source: Source, top: float) -> Prediction:
-        n = int(np.clip(round(length), 1, self.config.max_length))
-        upper = min(self.calibrator.upper(model, source.value, n), self.config.max_length)
-        return Prediction(n, source, top, upper)
+    def _make(self, model: str, log_len: float, source: Source, top: float,
+              offsets: tuple = (), error: PredictionError | None = None) -> Prediction:
+        shift = self.residuals.shift(model, source.value, offsets)
+        n = int(np.clip(round(float(np.expm1(log_len + shift))), 1, self.config.max_length))
+        q = self.residuals.quantile(model, source.value, self.config.upper_quantile, offsets)
+        upper = np.ceil(n * (1.0 + UNCALIBRATED_PAD)) if q is None \
+            else np.ceil(np.expm1(log_len + q))
+        # Never below the point prediction: this bound is what the scheduler pads up to.
+        return Prediction(n, source, top, int(min(max(upper, n), self.config.max_length)), error)
 
-    def _default(self, model, error: PredictionError, top: float = 0.0) -> Prediction:
-        n = self.config.default_length
-        upper = min(self.calibrator.upper(model, Source.DEFAULT.value, n), self.config.max_length)
-        return Prediction(n, Source.DEFAULT, top, upper, error)
+    def _default(self, model: str, error: PredictionError, top: float = 0.0) -> Prediction:
+        return self._make(model, float(np.log1p(self.config.default_length)), Source.DEFAULT,
+                          top, (0.0, 0.0), error)
 
     def _check_model(self, model: str) -> PredictionError | None:
         if self.config.models and model not in self.config.models:
@@ -124,18 +193,21 @@ class Predictor:
                                    f"{', '.join(self.config.models)}", "model")
         return None
 
+    def num_observed(self, model: str) -> int:
+        """Observed points in a model's DB (counted once, then kept up to date)."""
+        if model not in self._observed:
+            try:
+                with self._lock:
+                    self._observed[model] = self.store.count(model, observed=True)
+            except Exception as exc:  # noqa: BLE001 - Qdrant down: counted on a later call
+                log.debug("cannot count observed points of %s: %s", model, exc)
+                return 0
+        return self._observed[model]
+
     # ----- observe (DB.update) -----
     def observe(self, records: Sequence[Completion]) -> ObserveResult:
-        errors, by_model = [], {}
-        for rec in records:
-            model = rec.model or self.config.default_model
-            err = self._check_model(model) or _check_prompt(rec.prompt, "prompt") \
-                or _check_length(rec.num_output_tokens)
-            if err:
-                errors.append(PredictionError(err.code, f"{rec.request_id}: {err.message}",
-                                              err.field))
-            else:
-                by_model.setdefault(model, []).append(rec)
+        by_model, errors = screen(records, self.config.default_model, self.config.max_length,
+                                  self._check_model, self._recent, self.stats)
         accepted = 0
         for model, recs in by_model.items():
             try:
@@ -143,26 +215,59 @@ class Predictor:
                 accepted += len(recs)
             except Exception as exc:  # noqa: BLE001 - Qdrant down: reject, keep serving
                 log.warning("observe failed for %s: %s", model, exc)
+                self.stats["unavailable"] += len(recs)
                 errors.extend(PredictionError("UNAVAILABLE", f"{r.request_id}: {exc}")
                               for r in recs)
+        self.stats["accepted"] += accepted
         return ObserveResult(accepted, len(records) - accepted, tuple(errors))
 
     def _observe_model(self, model: str, recs: list[Completion]) -> None:
-        vectors = self.embedder.encode([r.prompt for r in recs])
+        vectors = self.embedder.encode([r.prompt for r in recs], cache=True)
         real = np.array([r.num_output_tokens for r in recs], np.float32)
         with self._lock:
-            for pred, length in zip(self.predict_vectors(model, vectors), real):
-                self.calibrator.add(model, pred.source.value, pred.length, float(length))
-            self.store.upsert(model, vectors, real, self._now(recs), observed=True)
-        self._new_records[model] += len(recs)
-        if self.config.retrain_every and self._new_records[model] >= self.config.retrain_every:
-            self._new_records[model] = 0
-            self._trigger_retrain(model)
+            batch = self._analyse(model, vectors, seed_parts=True)
+            before = self.num_observed(model)
+            result = self.store.upsert(model, vectors, real, self._now(recs), observed=True)
+            self._observed[model] = before + result.newly_observed
+            if result.evicted:
+                self._observed.pop(model)  # recounted on next use
+            # Keyed by DB point: a flood of one prompt holds one residual, not thousands.
+            keys = np.array(result.ids, object)
+            self._add_residuals(model, batch, np.log1p(real), keys)
+            for source, pred in ((Source.RETRIEVAL, batch.seed_retrieval),
+                                 (Source.MLP, batch.seed_mlp)):
+                ok = ~np.isnan(pred)
+                self.seed_bias.add(model, source.value, np.log1p(real[ok]) - pred[ok], keys[ok])
+        self._recent.add(r.request_id for r in recs)
+        self.stats["merged"] += len(recs) - result.created
+        self._maybe_retrain(model)
+
+    def _add_residuals(self, model: str, batch: _Batch, real_log: np.ndarray, keys,
+                       weight: float = 1.0) -> None:
+        # Stored as measured without the seed shifts, read with their values of the day.
+        residual = real_log - batch.log_len + batch.coefs @ np.array(batch.offsets)
+        sources = np.array([s.value for s in batch.sources])
+        for source in set(sources.tolist()):
+            idx = np.flatnonzero(sources == source)
+            self.residuals.add(model, source, residual[idx], None if keys is None else keys[idx],
+                               weight, batch.coefs[idx])
 
     def _now(self, recs: list[Completion]) -> float:
         # Recency for eviction comes from the records themselves, not from a clock read here.
         self._tick = max([self._tick + 1e-6] + [r.finished_at for r in recs])
         return self._tick
+
+    def _maybe_retrain(self, model: str) -> None:
+        last = self._trained.get(model, learning.TrainedAt())
+        shift = self.seed_bias.shift(model, Source.MLP.value)
+        reason = learning.retrain_due(self.config, self.num_observed(model), last, shift)
+        if reason is None:
+            return
+        # Marked now, not when the new MLP arrives: a retrain in flight is not asked for again.
+        self._trained[model] = learning.TrainedAt(self.num_observed(model), shift)
+        self.stats["retrains"] += 1
+        log.info("retraining the MLP of %s: %s", model, reason)
+        self._trigger_retrain(model)
 
     def _trigger_retrain(self, model: str) -> None:
         if self.retrain_hook is not None:
@@ -176,52 +281,78 @@ class Predictor:
     # ----- seeding, training, calibration -----
     def seed(self, model: str, prompts: Sequence[str], lengths: Sequence[int],
              now: float = 0.0) -> int:
-        """Bulk-load (prompt, length) pairs from a data set as prior knowledge."""
+        """Bulk-load (prompt, length) pairs from a data set as prior knowledge; returns the
+        number of new points."""
         vectors = self.embedder.encode(list(prompts))
         with self._lock:
             return self.store.upsert(model, vectors, np.asarray(lengths, np.float32), now,
-                                     observed=False)
+                                     observed=False).created
 
-    def export(self, model: str) -> tuple[np.ndarray, np.ndarray]:
+    def export(self, model: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         with self._lock:
             return self.store.export(model)
 
+    def training_set(self, model: str) -> TrainingSet:
+        return learning.training_set(*self.export(model),
+                                     self.seed_bias.shift(model, Source.MLP.value),
+                                     self.config.observed_parity)
+
     def retrain(self, model: str) -> int:
         """Train the MLP from the DB's contents in-process and swap it in; returns the version."""
-        vectors, lengths = self.export(model)
-        return self.mlps.swap(model, mlp.train(vectors, lengths, self.config.mlp), len(vectors))
+        data = self.training_set(model)
+        if data.num_observed and self.seed_mlps.get(model) is None:
+            self._train_seed_mlp(model, data)
+        module = mlp.train(data.vectors, data.lengths, self.config.mlp, data.weights)
+        return self.install_mlp(model, module, len(data.vectors), data)
 
-    def load_mlp(self, model: str, path: str) -> int:
+    def _train_seed_mlp(self, model: str, data: TrainingSet) -> None:
+        seed = ~data.observed
+        if seed.sum() < self.config.mlp.min_train_records:
+            return
+        lengths = np.expm1(np.log1p(data.lengths[seed]) - data.seed_shift)
+        module = mlp.train(data.vectors[seed], lengths, self.config.mlp)
+        self.seed_mlps.swap(model, module, int(seed.sum()))
+
+    def install_mlp(self, model: str, module, num_records: int,
+                    data: TrainingSet | None = None) -> int:
+        """Serve `module`, trained on `data` (None: on seed records alone, as build does)."""
+        n_obs = 0 if data is None else data.num_observed
+        shift = 0.0 if data is None else data.seed_shift
+        version = self.mlps.swap(model, module, num_records, shift,
+                                 1.0 if data is None else data.seed_share)
+        if n_obs == 0 and shift == 0.0:
+            self.seed_mlps.swap(model, module, num_records)
+        self._trained[model] = learning.TrainedAt(n_obs, shift)
+        return version
+
+    def load_mlp(self, model: str, path: str, data: TrainingSet | None = None) -> int:
+        """Serve weights from a file: trained on `data`, or by build on seed records alone."""
         module, n = mlp.load(path, input_dim=self.embedder.dim,
                              encoder=self.embedder.encoder_id)
-        return self.mlps.swap(model, module, n)
+        return self.install_mlp(model, module, n, data)
 
     def calibrate(self, model: str, prompts: Sequence[str], lengths: Sequence[int]) -> None:
         """Seed the residual windows from held-out (prompt, real length) pairs."""
         vectors = self.embedder.encode(list(prompts))
-        for pred, real in zip(self.predict_vectors(model, vectors), lengths):
-            self.calibrator.add(model, pred.source.value, pred.length, float(real))
+        with self._lock:
+            batch = self._analyse(model, vectors)
+        weight = min(1.0, CALIBRATION_WEIGHT / max(1, len(prompts)))
+        self._add_residuals(model, batch, np.log1p(np.asarray(lengths, float)), None, weight)
 
-
-def retrieval_weight(top: float, s0: float, width: float) -> float:
-    """Weight of retrieval against the MLP: 1 at s0 and above, 0 at s0 - width and below,
-    linear in between; a step at s0 when width is 0."""
-    if width <= 0.0:
-        return 1.0 if top >= s0 else 0.0
-    return float(np.clip((top - (s0 - width)) / width, 0.0, 1.0))
-
-
-def _check_prompt(prompt, field: str) -> PredictionError | None:
-    if not isinstance(prompt, str):
-        return PredictionError("INVALID_ARGUMENT", f"prompt must be a string, got "
-                               f"{type(prompt).__name__}", field)
-    if not prompt.strip():
-        return PredictionError("INVALID_ARGUMENT", "prompt is empty", field)
-    return None
-
-
-def _check_length(n) -> PredictionError | None:
-    if not isinstance(n, (int, np.integer)) or n < 0:
-        return PredictionError("INVALID_ARGUMENT", f"num_output_tokens must be a non-negative "
-                               f"integer, got {n!r}", "num_output_tokens")
-    return None
+    def learning_state(self, model: str) -> dict:
+        """What the predictor has learnt of a model so far (for logs and the eval)."""
+        served = self.mlps.get(model)
+        offsets = (self.seed_bias.shift(model, Source.RETRIEVAL.value),
+                   self.seed_bias.shift(model, Source.MLP.value))
+        return {
+            "observed": self.num_observed(model),
+            "seed_weight": learning.seed_weight(self.num_observed(model),
+                                                self.config.observed_parity),
+            "seed_shift": {s.value: self.seed_bias.shift(model, s.value)
+                           for s in (Source.RETRIEVAL, Source.MLP)},
+            "residual_shift": {s.value: self.residuals.shift(model, s.value, offsets)
+                               for s in Source},
+            "mlp_version": 0 if served is None else served.version,
+            "mlp_seed_share": None if served is None else served.seed_share,
+            "stats": dict(self.stats),
+        }

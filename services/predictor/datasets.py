@@ -19,19 +19,53 @@ def _open(path: str):
         else open(path, encoding="utf-8")
 
 
-def load_sharegpt(path: str) -> list[Sample]:
-    """Conversation openings only: later pieces of split conversations start mid-dialogue."""
-    if not Path(path).exists():
-        raise FileNotFoundError(f"dataset file not found: {path}")
-    name = path.removesuffix(".gz")
-    if name.endswith(".jsonl"):
-        with _open(path) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        return [Sample(r["prompt"], r["response"]) for r in rows
-                if r["id"].endswith("_0") and r.get("turn_index", 0) == 0
-                and r["prompt"].strip() and r["response"].strip()]
+class DatasetFormatError(ValueError):
+    """The file is not in the format its --dataset-name says."""
+
+
+# What identifies each format: the keys of its records.
+SIGNATURES = {"sharegpt": ({"conversations"}, {"prompt", "response"}),
+              "alpaca": ({"instruction", "output"},)}
+TITLES = {"sharegpt": "ShareGPT", "alpaca": "Alpaca"}
+_SNIFF_CHARS = 1 << 20
+
+
+def sniff(path: str) -> tuple[str | None, str, set[str]]:
+    """(format name, layout, keys of the first record), from the file's head. The name is
+    None for neither format, "" when the first record is too long to tell."""
     with _open(path) as f:
-        rows = json.load(f)
+        head = f.read(_SNIFF_CHARS)
+    text = head.lstrip()
+    layout, text = ("a JSON array", text[1:].lstrip()) if text.startswith("[") \
+        else ("JSON lines", text)
+    try:
+        first, end = json.JSONDecoder().raw_decode(text)
+    except json.JSONDecodeError:
+        return ("" if len(head) == _SNIFF_CHARS else None), \
+            (layout if len(head) == _SNIFF_CHARS else "not JSON"), set()
+    if layout == "JSON lines" and not text[end:].strip():
+        layout = "one JSON object"
+    keys = set(first) if isinstance(first, dict) else set()
+    for name, signatures in SIGNATURES.items():
+        if any(sig <= keys for sig in signatures):
+            return name, layout, keys
+    return None, layout, keys
+
+
+def _read_rows(path: str, layout: str) -> list[dict]:
+    with _open(path) as f:
+        if layout == "JSON lines":
+            return [json.loads(line) for line in f if line.strip()]
+        return json.load(f)
+
+
+def load_sharegpt(path: str, layout: str = "a JSON array") -> list[Sample]:
+    """Conversation openings only: later pieces of split conversations start mid-dialogue."""
+    rows = _read_rows(path, layout)
+    if rows and "prompt" in rows[0]:  # first-turn extract: one opening per line
+        return [Sample(r["prompt"], r["response"]) for r in rows
+                if str(r.get("id", "_0")).endswith("_0") and r.get("turn_index", 0) == 0
+                and r["prompt"].strip() and r["response"].strip()]
     return [s for r in rows if (s := _opening(r)) is not None]
 
 
@@ -47,11 +81,8 @@ def _opening(record: dict) -> Sample | None:
     return Sample(first["value"], second["value"])
 
 
-def load_alpaca(path: str) -> list[Sample]:
-    if not Path(path).exists():
-        raise FileNotFoundError(f"dataset file not found: {path}")
-    with _open(path) as f:
-        rows = json.load(f)
+def load_alpaca(path: str, layout: str = "a JSON array") -> list[Sample]:
+    rows = _read_rows(path, layout)
     out = []
     for r in rows:
         prompt = r["instruction"] + ("\n\n" + r["input"] if r.get("input") else "")
@@ -66,7 +97,22 @@ LOADERS = {"sharegpt": load_sharegpt, "alpaca": load_alpaca}
 def load(name: str, path: str) -> list[Sample]:
     if name not in LOADERS:
         raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(LOADERS)}")
-    return LOADERS[name](path)
+    if not Path(path).exists():
+        raise FileNotFoundError(f"dataset file not found: {path}")
+    found, layout, keys = sniff(path)
+    if found not in (name, ""):
+        raise DatasetFormatError(_mismatch(path, name, found, layout, keys))
+    return LOADERS[name](path, layout)
+
+
+def _mismatch(path: str, name: str, found: str | None, layout: str, keys: set[str]) -> str:
+    seen = f"{layout}" + (f" whose first record has keys {sorted(keys)}" if keys else "")
+    if found is not None:
+        return (f"{path} looks like {TITLES[found]} data ({seen}), not {TITLES[name]}: use "
+                f"--dataset-name {found}")
+    expected = " or ".join(str(sorted(sig)) for sig in SIGNATURES[name])
+    return (f"{path} is not {TITLES[name]} data: it is {seen}; {TITLES[name]} records have "
+            f"the keys {expected}")
 
 
 def split(samples: list[Sample], num_train: int, num_test: int, seed: int = 0):

@@ -6,10 +6,12 @@ such vectors is the mean of the head and tail cosine similarities.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
 import warnings
+from collections import OrderedDict
 
 import numpy as np
 
@@ -115,6 +117,7 @@ class Embedder:
             torch.set_num_threads(config.num_threads)
         self.precision = resolve_precision(config.precision)
         self._model = _load(self.path, self.encoder_id, self.max_seq_length, self.precision)
+        self.cache = VectorCache(config.cache_size)
 
     @property
     def encoder_dim(self) -> int:
@@ -130,8 +133,28 @@ class Embedder:
     def model(self):
         return self._model
 
-    def encode(self, prompts: list[str]) -> np.ndarray:
-        """(n, dim) float32, L2-normalised so a dot product is the cosine similarity."""
+    def encode(self, prompts: list[str], cache: bool = False) -> np.ndarray:
+        """(n, dim) float32, L2-normalised so a dot product is the cosine similarity.
+        With `cache`, recently encoded prompts are looked up and new ones remembered."""
+        if not cache or not prompts:
+            return self._encode(prompts)
+        keys = [self._key(p) for p in prompts]
+        out = self.cache.get_many(keys)
+        missing = [i for i, v in enumerate(out) if v is None]
+        if missing:
+            fresh = self._encode([prompts[i] for i in missing])
+            self.cache.put_many([keys[i] for i in missing], fresh)
+            for i, v in zip(missing, fresh):
+                out[i] = v
+        return np.stack(out)
+
+    def _key(self, prompt: str) -> bytes:
+        # What the vector depends on: the head the encoder reads and the embedded tail.
+        seen = prompt[: self.max_prompt_chars] + "\0" + prompt[-self.config.tail_chars:] \
+            if self.config.tail_chars > 0 else prompt[: self.max_prompt_chars]
+        return hashlib.blake2b(seen.encode("utf-8", "replace"), digest_size=16).digest()
+
+    def _encode(self, prompts: list[str]) -> np.ndarray:
         if not prompts:
             return np.zeros((0, self.dim), dtype=np.float32)
         heads = [p[: self.max_prompt_chars] for p in prompts]
@@ -150,3 +173,37 @@ class Embedder:
         tails = vecs[:n].copy()
         tails[long] = vecs[n:]
         return np.hstack([vecs[:n], tails]) / np.float32(np.sqrt(2.0))
+
+
+class VectorCache:
+    """A bounded, thread-safe map from prompt key to vector, least recently used out first."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._vectors: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._vectors)
+
+    def get_many(self, keys: list[bytes]) -> list[np.ndarray | None]:
+        with self._lock:
+            out = [self._vectors.get(k) for k in keys]
+            for k, v in zip(keys, out):
+                if v is not None:
+                    self._vectors.move_to_end(k)
+            return out
+
+    def put_many(self, keys: list[bytes], vectors: np.ndarray) -> None:
+        if self.capacity <= 0:
+            return
+        with self._lock:
+            for k, v in zip(keys, vectors):
+                self._vectors[k] = np.array(v)  # a copy: not a view pinning the batch
+                self._vectors.move_to_end(k)
+            while len(self._vectors) > self.capacity:
+                self._vectors.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._vectors.clear()

@@ -48,41 +48,52 @@ class MLPWeights:
     module: nn.Module
     version: int
     num_records: int
+    # The seed data's shift (log) its seed targets were moved by, and the seed records' share
+    # of its training weight: the part of its output a later shift estimate still moves.
+    seed_shift: float = 0.0
+    seed_share: float = 1.0
 
-    def predict(self, vectors: np.ndarray) -> np.ndarray:
+    def predict_log(self, vectors: np.ndarray) -> np.ndarray:
+        """log1p(length) per vector. Lengths are heavy-tailed; the model regresses log1p,
+        which treats a 2× error alike for short and long replies."""
         dim = getattr(self.module, "input_dim", None)
         if dim is not None and vectors.shape[-1] != dim:
             raise ValueError(f"MLP takes {dim}-d inputs, got {vectors.shape[-1]}-d vectors")
         with torch.inference_mode():
             out = self.module(torch.from_numpy(np.ascontiguousarray(vectors, np.float32)))
-        # Lengths are heavy-tailed; the model regresses log1p(length), which treats a 2×
-        # error alike for short and long replies.
-        return np.expm1(out.squeeze(-1).numpy()).clip(min=1.0)
+        return out.squeeze(-1).numpy().astype(np.float64)
+
+    def predict(self, vectors: np.ndarray) -> np.ndarray:
+        return np.expm1(self.predict_log(vectors)).clip(min=1.0)
 
 
-def train(vectors: np.ndarray, lengths: np.ndarray, config: MLPConfig) -> Ensemble:
+def train(vectors: np.ndarray, lengths: np.ndarray, config: MLPConfig,
+          weights: np.ndarray | None = None) -> Ensemble:
+    """`weights`: a record's weight in the loss (default all equal); the served model's own
+    completions weigh more than seed records."""
     if len(vectors) < config.min_train_records:
         raise ValueError(f"need at least {config.min_train_records} records to train the MLP, "
                          f"got {len(vectors)}")
-    return Ensemble([_train_one(vectors, lengths, config, config.seed + i)
+    return Ensemble([_train_one(vectors, lengths, config, config.seed + i, weights)
                      for i in range(max(1, config.ensemble))]).eval()
 
 
-def _train_one(vectors: np.ndarray, lengths: np.ndarray, config: MLPConfig,
-               seed: int) -> nn.Module:
+def _train_one(vectors: np.ndarray, lengths: np.ndarray, config: MLPConfig, seed: int,
+               weights: np.ndarray | None = None) -> nn.Module:
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     x = torch.from_numpy(np.asarray(vectors, np.float32))
     y = torch.log1p(torch.from_numpy(np.asarray(lengths, np.float32)))
+    w = None if weights is None else torch.from_numpy(np.asarray(weights, np.float64))
     fit, val = _holdout(len(x), config, gen)
     module = build_module(x.shape[1], config.hidden, config.dropout)
     with torch.no_grad():  # start at the median so the first epochs learn shape, not offset
-        module[-1].bias.fill_(float(y[fit].median()))
+        module[-1].bias.fill_(_median(y[fit], None if w is None else w[fit]))
     opt = torch.optim.AdamW(module.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     best, best_state, stale = float("inf"), None, 0
     for _ in range(config.epochs):
         module.train()
-        for idx in fit[torch.randperm(len(fit), generator=gen)].split(config.batch_size):
+        for idx in _epoch(fit, w, gen).split(config.batch_size):
             loss = _pinball(module(x[idx]).squeeze(-1), y[idx], config.quantile)
             opt.zero_grad()
             loss.backward()
@@ -91,7 +102,8 @@ def _train_one(vectors: np.ndarray, lengths: np.ndarray, config: MLPConfig,
             continue
         module.eval()
         with torch.no_grad():
-            score = float(_pinball(module(x[val]).squeeze(-1), y[val], config.quantile))
+            score = float(_pinball(module(x[val]).squeeze(-1), y[val], config.quantile,
+                                   None if w is None else w[val]))
         if score < best - 1e-4:
             best, best_state, stale = score, copy.deepcopy(module.state_dict()), 0
         elif (stale := stale + 1) >= config.patience:
@@ -111,11 +123,34 @@ def _holdout(n: int, config: MLPConfig, gen: torch.Generator):
     return order[n_val:], order[:n_val]
 
 
-def _pinball(pred: torch.Tensor, target: torch.Tensor, q: float) -> torch.Tensor:
+def _median(y: torch.Tensor, weights: torch.Tensor | None) -> float:
+    if weights is None:
+        return float(y.median())
+    order = torch.argsort(y)
+    cum = torch.cumsum(weights[order], 0)
+    return float(y[order][int(torch.searchsorted(cum, cum[-1] / 2))])
+
+
+def _epoch(fit: torch.Tensor, weights: torch.Tensor | None,
+           gen: torch.Generator) -> torch.Tensor:
+    """One epoch's order of training records. Weighted records are drawn in proportion to
+    their weight: every batch then mixes seed and observed records as the weights say, where
+    weighting the loss would leave most batches without a single observed record."""
+    if weights is None:
+        return fit[torch.randperm(len(fit), generator=gen)]
+    draw = torch.multinomial(weights[fit], len(fit), replacement=True, generator=gen)
+    return fit[draw]
+
+
+def _pinball(pred: torch.Tensor, target: torch.Tensor, q: float,
+             weights: torch.Tensor | None = None) -> torch.Tensor:
     # On log length, q=0.5 (L1) fits the conditional median: relative errors are judged
     # per request, and a squared loss would chase the long-reply tail.
     err = target - pred
-    return torch.maximum(q * err, (q - 1.0) * err).mean()
+    loss = torch.maximum(q * err, (q - 1.0) * err)
+    if weights is None:
+        return loss.mean()
+    return (loss * weights.to(loss.dtype)).sum() / weights.sum().to(loss.dtype)
 
 
 def save(module: Ensemble, path: str, num_records: int, encoder: str | None = None) -> None:
@@ -166,10 +201,11 @@ class MLPSlot:
         w = self._weights.get(model)
         return 0 if w is None else w.version
 
-    def swap(self, model: str, module: nn.Module, num_records: int) -> int:
+    def swap(self, model: str, module: nn.Module, num_records: int, seed_shift: float = 0.0,
+             seed_share: float = 1.0) -> int:
         with self._lock:
             version = self.version(model) + 1
             new = dict(self._weights)
-            new[model] = MLPWeights(module.eval(), version, num_records)
+            new[model] = MLPWeights(module.eval(), version, num_records, seed_shift, seed_share)
             self._weights = new
             return version

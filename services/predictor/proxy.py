@@ -3,11 +3,17 @@ regression head on log output length. Every prediction runs the whole encoder, w
 cost ALISE's retrieval avoids."""
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
+# Progress lines per epoch while fine-tuning (minutes per epoch on a CPU).
+PROGRESS_LINES = 10
 
 
 @dataclass(frozen=True)
@@ -57,12 +63,20 @@ class ProxyRegressor(nn.Module):
         opt = torch.optim.AdamW([{"params": self.encoder.parameters(), "lr": self.config.lr},
                                  {"params": self.head.parameters(), "lr": self.config.head_lr}])
         self.train()
-        for _ in range(self.config.epochs):
-            for idx in torch.randperm(len(prompts), generator=gen).split(self.config.batch_size):
+        t0 = time.perf_counter()
+        for epoch in range(self.config.epochs):
+            batches = torch.randperm(len(prompts), generator=gen).split(self.config.batch_size)
+            every = max(1, len(batches) // PROGRESS_LINES)
+            for b, idx in enumerate(batches):
                 loss = nn.functional.smooth_l1_loss(self([prompts[i] for i in idx]), y[idx])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+                if (b + 1) % every == 0 or b + 1 == len(batches):
+                    done = min(len(prompts), (b + 1) * self.config.batch_size)
+                    log.info("fine-tune epoch %d/%d: %d/%d records, loss %.3f, %.0fs",
+                             epoch + 1, self.config.epochs, done, len(prompts), float(loss),
+                             time.perf_counter() - t0)
         return self.eval()
 
     def predict(self, prompts: list[str], batch_size: int = 64) -> np.ndarray:

@@ -33,6 +33,10 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServiceServicer):
             predictions=[convert.prediction_to_pb(p) for p in preds])
 
     async def Observe(self, request, context):
+        if len(request.records) > MAX_PROMPTS_PER_CALL:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"at most {MAX_PROMPTS_PER_CALL} records per call, "
+                                f"got {len(request.records)}")
         records = [convert.completion_from_pb(r) for r in request.records]
         try:
             result = await asyncio.to_thread(self.predictor.observe, records)

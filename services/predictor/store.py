@@ -1,8 +1,10 @@
 """The length DB: one Qdrant collection per served model of (prompt embedding → real length).
 
 Near-identical prompts are merged into one point, so repeated traffic refines a length
-instead of crowding the top-k. The collection is bounded; eviction drops points seeded from a
-dataset before the served model's own completions, and the least recently seen first.
+instead of crowding the top-k. Every point's payload says where its length came from:
+`observed` true for the served model's own completions, false for points seeded from a data
+set (another model's replies). The collection is bounded; eviction drops seeded points before
+observed ones, and the least recently seen first.
 """
 from __future__ import annotations
 
@@ -23,6 +25,18 @@ from services.predictor.mirror import SearchMirror
 class Neighbours:
     scores: np.ndarray  # (k,) cosine similarities, best first
     lengths: np.ndarray  # (k,) stored lengths
+    observed: np.ndarray  # (k,) bool: the served model's own completion, not seed data
+
+
+EMPTY = Neighbours(np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, bool))
+
+
+@dataclass(frozen=True)
+class UpsertResult:
+    ids: list[str]  # per record, the point it created or merged into
+    created: int  # new points
+    newly_observed: int  # points that became observed: new ones, or seeded ones overwritten
+    evicted: int = 0  # points dropped to keep the collection bounded
 
 
 def open_client(config: StoreConfig) -> QdrantClient:
@@ -92,33 +106,45 @@ class LengthStore:
                 out.append(points[0].payload["model"])
         return sorted(out)
 
-    def count(self, model: str) -> int:
+    def count(self, model: str, observed: bool | None = None) -> int:
+        """Points of a model; only observed (True) or only seeded (False) ones if told."""
         name = self._collection(model, create=False)
-        return 0 if name is None else self.client.count(name, exact=True).count
+        if name is None:
+            return 0
+        if observed is None:
+            return self.client.count(name, exact=True).count
+        if self._mirrors is not None:  # embedded Qdrant filters in Python: seconds per count
+            flags = self._mirror(name).observed
+            return int(flags.sum() if observed else (~flags).sum())
+        match = models.FieldCondition(key="observed", match=models.MatchValue(value=observed))
+        return self.client.count(name, count_filter=models.Filter(must=[match]),
+                                 exact=True).count
 
     def search(self, model: str, vectors: np.ndarray, k: int) -> list[Neighbours]:
         name = self._collection(model, create=False)
-        empty = Neighbours(np.zeros(0, np.float32), np.zeros(0, np.float32))
         if name is None or len(vectors) == 0:
-            return [empty] * len(vectors)
+            return [EMPTY] * len(vectors)
         if self._mirrors is not None:
-            return [Neighbours(*hit) for hit in self._mirror(name).search(vectors, k)]
-        requests = [models.QueryRequest(query=v.tolist(), limit=k, with_payload=["length"])
-                    for v in vectors]
+            mirror = self._mirror(name)
+            return [Neighbours(scores, mirror.lengths[idx], mirror.observed[idx])
+                    for scores, idx in mirror.search(vectors, k)]
+        requests = [models.QueryRequest(query=v.tolist(), limit=k,
+                                        with_payload=["length", "observed"]) for v in vectors]
         responses = self.client.query_batch_points(name, requests=requests)
         return [Neighbours(np.array([p.score for p in r.points], np.float32),
-                           np.array([p.payload["length"] for p in r.points], np.float32))
+                           np.array([p.payload["length"] for p in r.points], np.float32),
+                           np.array([bool(p.payload.get("observed")) for p in r.points], bool))
                 for r in responses]
 
     def upsert(self, model: str, vectors: np.ndarray, lengths: np.ndarray, now: float,
-               observed: bool = True) -> int:
-        """Add records, merging near-duplicates; returns how many new points were created."""
+               observed: bool = True) -> UpsertResult:
+        """Add records, merging near-duplicates."""
         name = self._collection(model, create=True)
         nearest = self._nearest(name, vectors)
         points: dict[str, models.PointStruct] = {}
         pending_vecs: list[np.ndarray] = []
         pending_ids: list[str] = []
-        created = 0
+        ids, created, newly_observed = [], 0, 0
         for i, vec in enumerate(vectors):
             target = self._merge_target(vec, nearest[i], pending_vecs, pending_ids, points)
             if target is None:
@@ -129,23 +155,39 @@ class LengthStore:
                 pending_vecs.append(vec)
                 pending_ids.append(pid)
                 created += 1
+                newly_observed += observed
             else:
                 pid, point = target
+                newly_observed += observed and not point.payload.get("observed", False)
                 point.payload = merge_payload(point.payload, float(lengths[i]), now, observed,
                                               self.config.merge_min_weight)
                 points[pid] = point
+            ids.append(pid)
         if points:
             self.client.upsert(name, points=list(points.values()))
             if self._mirrors is not None and name in self._mirrors:
                 self._mirrors[name].apply(points.values())
-        self._evict(name)
-        return created
+        evicted = self._evict(name)
+        return UpsertResult(ids, created, int(newly_observed), evicted)
 
     def _nearest(self, name: str, vectors: np.ndarray) -> list:
-        requests = [models.QueryRequest(query=v.tolist(), limit=1, with_payload=True,
-                                        with_vector=True) for v in vectors]
-        return [r.points[0] if r.points else None
-                for r in self.client.query_batch_points(name, requests=requests)]
+        """Per vector, its nearest stored point (payload and vector) or None."""
+        if self._mirrors is None:
+            requests = [models.QueryRequest(query=v.tolist(), limit=1, with_payload=True,
+                                            with_vector=True) for v in vectors]
+            return [r.points[0] if r.points else None
+                    for r in self.client.query_batch_points(name, requests=requests)]
+        # Embedded: the mirror finds the candidates in microseconds, and only those close
+        # enough to merge are read back from Qdrant.
+        mirror = self._mirror(name)
+        hits = [(float(s[0]), mirror.ids[int(i[0])]) if len(s) else None
+                for s, i in mirror.search(vectors, 1)]
+        close = [hit[1] for hit in hits if hit and hit[0] >= self.config.merge_threshold]
+        found = {str(p.id): p for p in self.client.retrieve(
+            name, ids=close, with_payload=True, with_vectors=True)} if close else {}
+        return [models.ScoredPoint(id=hit[1], version=0, score=hit[0],
+                                   payload=found[hit[1]].payload, vector=found[hit[1]].vector)
+                if hit and hit[1] in found else None for hit in hits]
 
     def _merge_target(self, vec, hit, pending_vecs, pending_ids, points):
         # Duplicates inside one batch must merge with each other, not only with the DB.
@@ -161,11 +203,11 @@ class LengthStore:
             return pid, points[pid]
         return pid, models.PointStruct(id=pid, vector=list(hit.vector), payload=dict(hit.payload))
 
-    def _evict(self, name: str) -> None:
+    def _evict(self, name: str) -> int:
         bound = self.config.max_points_per_model
         n = self.client.count(name, exact=True).count
         if n <= bound:
-            return
+            return 0
         keep = int(bound * self.config.evict_to_fraction)
         rows = self._scroll(name, with_vectors=False, fields=["observed", "last_seen"])
         rows.sort(key=lambda p: (bool(p.payload.get("observed")), p.payload.get("last_seen", 0.0)))
@@ -173,6 +215,7 @@ class LengthStore:
         self.client.delete(name, points_selector=models.PointIdsList(points=victims))
         if self._mirrors is not None:
             self._mirrors.pop(name, None)  # eviction is rare; rebuilt on the next search
+        return len(victims)
 
     def _scroll(self, name: str, with_vectors: bool, fields) -> list:
         out, offset = [], None
@@ -185,22 +228,24 @@ class LengthStore:
 
     def _mirror(self, name: str) -> SearchMirror:
         if name not in self._mirrors:
-            rows = self._scroll(name, with_vectors=True, fields=["length"])
-            self._mirrors[name] = SearchMirror([str(p.id) for p in rows],
-                                               np.array([p.vector for p in rows], np.float32),
-                                               np.array([p.payload["length"] for p in rows]))
+            rows = self._scroll(name, with_vectors=True, fields=["length", "observed"])
+            self._mirrors[name] = SearchMirror(
+                [str(p.id) for p in rows], np.array([p.vector for p in rows], np.float32),
+                np.array([p.payload["length"] for p in rows]),
+                np.array([bool(p.payload.get("observed")) for p in rows], bool))
         return self._mirrors[name]
 
-    def export(self, model: str) -> tuple[np.ndarray, np.ndarray]:
-        """All (vectors, lengths) of a model, for training the MLP."""
+    def export(self, model: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All (vectors, lengths, observed flags) of a model, for training the MLP."""
         name = self._collection(model, create=False)
-        if name is None:
-            return np.zeros((0, self.dim), np.float32), np.zeros(0, np.float32)
-        rows = self._scroll(name, with_vectors=True, fields=["length"])
+        rows = [] if name is None else self._scroll(name, with_vectors=True,
+                                                    fields=["length", "observed"])
         if not rows:
-            return np.zeros((0, self.dim), np.float32), np.zeros(0, np.float32)
-        vecs = np.array([p.vector for p in rows], dtype=np.float32)
-        return vecs, np.array([p.payload["length"] for p in rows], dtype=np.float32)
+            return np.zeros((0, self.dim), np.float32), np.zeros(0, np.float32), \
+                np.zeros(0, bool)
+        return (np.array([p.vector for p in rows], dtype=np.float32),
+                np.array([p.payload["length"] for p in rows], dtype=np.float32),
+                np.array([bool(p.payload.get("observed")) for p in rows], bool))
 
 
 def merge_payload(old: dict, length: float, now: float, observed: bool, min_w: float) -> dict:

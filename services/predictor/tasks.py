@@ -1,4 +1,6 @@
-"""Celery: `retrain_mlp` trains the MLP off the serving path; the service swaps it in.
+"""Retraining off the serving path: in a thread of the service, or in a Celery worker.
+
+Celery: `retrain_mlp` trains the MLP in a worker; the service swaps it in.
 
 The worker never opens Qdrant: embedded Qdrant holds a process-level lock on its directory,
 so the service exports the DB to an .npz snapshot, the task trains from the snapshot and
@@ -42,16 +44,49 @@ if os.environ.get("LENSERVE_CELERY_BROKER"):
 def retrain_mlp(data_path: str, out_path: str, mlp_config: dict) -> dict:
     with np.load(data_path) as data:
         vectors, lengths = data["vectors"], data["lengths"]
+        weights = data["weights"] if "weights" in data.files else None
         encoder = str(data["encoder"]) if "encoder" in data.files else None
-    module = mlp.train(vectors, lengths, MLPConfig(**mlp_config))
+    module = mlp.train(vectors, lengths, MLPConfig(**mlp_config), weights)
     tmp = out_path + ".tmp.npz"
     mlp.save(module, tmp, len(vectors), encoder)
     os.replace(tmp, out_path)  # a reader never sees half-written weights
     return {"out_path": out_path, "num_records": len(vectors)}
 
 
+class ThreadRetrainer:
+    """Retrains in a background thread of the service (no Celery): Observe never waits for
+    a training run. Usable as Predictor.retrain_hook."""
+
+    def __init__(self, predictor):
+        self.predictor = predictor
+        self._busy: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, model: str) -> threading.Thread | None:
+        with self._lock:
+            if model in self._busy:  # one retrain per model at a time; the next trigger catches up
+                return None
+            self._busy.add(model)
+        thread = threading.Thread(target=self._run, args=(model,), daemon=True,
+                                  name=f"retrain-{model}")
+        thread.start()
+        return thread
+
+    def _run(self, model: str) -> None:
+        try:
+            version = self.predictor.retrain(model)
+            log.info("MLP of %s retrained, version %d", model, version)
+        except Exception as exc:  # noqa: BLE001 - the served MLP stays; log and move on
+            log.warning("retrain of %s failed: %s", model, exc)
+        finally:
+            with self._lock:
+                self._busy.discard(model)
+
+
 class CeleryRetrainer:
-    """Service side: snapshot → task → load + swap. Usable as Predictor.retrain_hook."""
+    """Service side: snapshot → task → load + swap. Usable as Predictor.retrain_hook.
+    The snapshot is the predictor's training set: seed targets already moved by the seed
+    shift, observed records weighted above seed ones."""
 
     def __init__(self, predictor, workdir: str | None = None, queue: str = QUEUE,
                  timeout_s: float = 600.0):
@@ -67,30 +102,31 @@ class CeleryRetrainer:
                 return None
             self._busy.add(model)
         try:
-            result, out = self._submit(model)
+            result, data = self._submit(model)
         except Exception:
             self._done(model)
             raise
-        thread = threading.Thread(target=self._await, args=(model, result, out), daemon=True)
+        thread = threading.Thread(target=self._await, args=(model, result, data), daemon=True)
         thread.start()
         return thread
 
     def _submit(self, model: str):
-        vectors, lengths = self.predictor.export(model)
-        if len(vectors) < self.predictor.config.mlp.min_train_records:
-            raise ValueError(f"model {model!r} has {len(vectors)} records, too few to train")
+        data = self.predictor.training_set(model)
+        if len(data.vectors) < self.predictor.config.mlp.min_train_records:
+            raise ValueError(f"model {model!r} has {len(data.vectors)} records, too few to "
+                             f"train")
         stem = os.path.join(self.workdir, f"{abs(hash(model)):x}")
-        np.savez(stem + "-data.npz", vectors=vectors, lengths=lengths,
-                 encoder=np.array(self.predictor.embedder.encoder_id))
+        np.savez(stem + "-data.npz", vectors=data.vectors, lengths=data.lengths,
+                 weights=data.weights, encoder=np.array(self.predictor.embedder.encoder_id))
         cfg = dataclasses.asdict(self.predictor.config.mlp)
         result = retrain_mlp.apply_async((stem + "-data.npz", stem + "-mlp.npz", cfg),
                                          queue=self.queue)
-        return result, stem + "-mlp.npz"
+        return result, data
 
-    def _await(self, model: str, result, out: str) -> None:
+    def _await(self, model: str, result, data) -> None:
         try:
             info = result.get(timeout=self.timeout_s)
-            version = self.predictor.load_mlp(model, info["out_path"])
+            version = self.predictor.load_mlp(model, info["out_path"], data)
             log.info("MLP of %s retrained on %d records, version %d", model,
                      info["num_records"], version)
         except Exception as exc:  # noqa: BLE001 - the served MLP stays; log and move on

@@ -1,4 +1,5 @@
 import argparse
+import logging
 import os
 
 import pytest
@@ -9,6 +10,7 @@ from services.predictor.config import StoreConfig
 from services.predictor.store import LengthStore
 
 ALPACA = "/work/shared/data/alpaca_data_1k_random_subset.json"
+SHAREGPT = "/work/shared/data/sharegpt_v3_first_turn.jsonl.gz"
 
 
 def _parse(argv):
@@ -17,12 +19,16 @@ def _parse(argv):
     return parser.parse_args(argv)
 
 
-def test_build_seeds_a_persistent_db_and_saves_the_mlp(tmp_path, capsys):
+def test_build_seeds_a_persistent_db_and_saves_the_mlp(tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO)
     db = str(tmp_path / "db")
     args = _parse(["predictor", "build", "--dataset-name", "alpaca", "--dataset-path", ALPACA,
                    "--num-train", "40", "--qdrant-path", db, "--model", "served"])
     assert args.func(args) == 0
     assert "seeded 40 records" in capsys.readouterr().out
+    # Progress with counts, and why the stock encoder was kept.
+    assert "embedded 40/40 prompts" in caplog.text
+    assert "stock encoder: 40 records are fewer than the 2000" in caplog.text
     store = LengthStore(StoreConfig(qdrant_path=db), dim=384)
     assert store.models() == ["served"] and 30 <= store.count("served") <= 40
     store.close()
@@ -54,7 +60,60 @@ def test_missing_dataset_is_a_clear_error():
         args.func(args)
 
 
-def test_build_with_finetune_leaves_the_encoder_that_serve_uses(tmp_path, capsys):
+@pytest.mark.parametrize("argv, records, epochs", [
+    ([], 2000, 2),  # enough records and a place beside the DB: the length-aware encoder
+    ([], 1999, 0),
+    (["--finetune-epochs", "0"], 5000, 0),
+    (["--finetune-epochs", "1"], 40, 1),
+    (["--qdrant-path", ":memory:"], 5000, 0),  # nowhere to keep it for serve
+    (["--qdrant-path", ":memory:", "--encoder-out", "/tmp/enc"], 5000, 2),
+])
+def test_build_fine_tunes_the_encoder_by_default_with_enough_records(argv, records, epochs):
+    from services.predictor.__main__ import build_finetune_epochs
+
+    args = _parse(["predictor", "build", "--dataset-name", "sharegpt", "--dataset-path", "x",
+                   "--qdrant-path", "/tmp/db", *argv])
+    assert build_finetune_epochs(args, records) == epochs
+
+
+def test_a_file_of_the_other_format_is_named_with_the_fix(capsys):
+    from lenserve.cli import main
+
+    argv = ["predictor", "build", "--dataset-name", "alpaca", "--dataset-path", SHAREGPT,
+            "--num-train", "40"]
+    with pytest.raises(ValueError, match="looks like ShareGPT data .*use --dataset-name sharegpt"):
+        _parse(argv).func(_parse(argv))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--dataset-name sharegpt" in err and "Extra data" not in err
+    swapped = ["predictor", "eval", "--dataset-name", "sharegpt", "--dataset-path", ALPACA]
+    with pytest.raises(ValueError, match="looks like Alpaca data .*use --dataset-name alpaca"):
+        _parse(swapped).func(_parse(swapped))
+
+
+def test_eval_shift_reports_cold_learnt_and_observed_only(capsys):
+    """Seeded with Alpaca replies, serving a model 4× terser on other Alpaca prompts."""
+    args = _parse(["predictor", "eval", "--dataset-name", "alpaca", "--dataset-path", ALPACA,
+                   "--num-train", "200", "--shift", "alpaca", "--shift-path", ALPACA,
+                   "--shift-scale", "0.25", "--shift-observe", "100", "--shift-test", "100",
+                   "--shift-checkpoints", "50", "--finetune-epochs", "0", "--max-seq-length", "16",
+                   "--mlp-ensemble", "1"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    names = ["cold (seed only)", "after 50 observed", "after 100 observed",
+             "observed only (100)"]
+    median_re = {}  # columns after the name: acc, meanRE, medRE, ...
+    for line in out.splitlines():
+        for name in names:
+            if line.startswith(name + " "):
+                median_re[name] = float(line[len(name):].split()[2])
+    assert set(median_re) == set(names)
+    assert median_re["after 100 observed"] < 0.5 * median_re["cold (seed only)"]
+    assert "predict" in out and "observe" in out  # the latency of both
+
+
+def test_build_with_finetune_leaves_the_encoder_that_serve_uses(tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO)
     import asyncio
 
     from services.predictor.__main__ import config_from_args, serve_async
@@ -66,6 +125,7 @@ def test_build_with_finetune_leaves_the_encoder_that_serve_uses(tmp_path, capsys
                    "--finetune-epochs", "1", "--finetune-layers", "2", "--max-seq-length", "16"])
     assert args.func(args) == 0
     assert "encoder fine-tuned on 40 records" in capsys.readouterr().out
+    assert "fine-tune epoch 1/1: 40/40 records" in caplog.text
     serve = _parse(["predictor", "serve", "--qdrant-path", db])
     config = config_from_args(serve)
     assert config.embedder.encoder_path == db + "-encoder"

@@ -144,7 +144,7 @@ def test_embedding_is_head_and_tail_concatenated():
 
 
 def test_blend_weight_is_monotonic_in_similarity():
-    from services.predictor.core import retrieval_weight
+    from services.predictor.retrieval import retrieval_weight
 
     sims = np.linspace(0.0, 1.0, 101)
     w = [retrieval_weight(s, 0.8, 0.1) for s in sims]
@@ -156,14 +156,17 @@ def test_blend_weight_is_monotonic_in_similarity():
 def test_blended_prediction_lies_between_retrieval_and_mlp(predictor):
     from services.predictor.store import Neighbours
 
-    nb = Neighbours(np.array([0.75], np.float32), np.array([400.0], np.float32))
-    p = predictor._combine("m", nb, 25.0, None)  # s0 0.8, width 0.1: half and half
-    assert 25 < p.length < 400 and p.length == pytest.approx(np.expm1(
-        (np.log1p(400) + np.log1p(25)) / 2), abs=1)
-    low = predictor._combine("m", Neighbours(np.array([0.6], np.float32), nb.lengths), 25.0, None)
-    assert low.length == 25 and low.source is Source.MLP
+    nb = Neighbours(np.array([0.75], np.float32), np.array([400.0], np.float32),
+                    np.array([True]))
+    mlp_log = float(np.log1p(25.0))
+    # s0 0.8, width 0.1: half and half
+    log_len, source, _, _, _ = predictor._combine(nb, mlp_log, 1.0, 0.0, 1.0)
+    assert log_len == pytest.approx((np.log1p(400) + mlp_log) / 2)
+    low = Neighbours(np.array([0.6], np.float32), nb.lengths, nb.observed)
+    log_len, source, _, _, _ = predictor._combine(low, mlp_log, 1.0, 0.0, 1.0)
+    assert log_len == mlp_log and source is Source.MLP
     # With no MLP yet, the hard switch at s0 still applies.
-    assert predictor._combine("m", nb, None, None).source is Source.DEFAULT
+    assert predictor._combine(nb, None, 0.0, 0.0, 1.0)[1] is Source.DEFAULT
 
 
 def test_db_of_another_vector_width_is_refused(tmp_path, embedder):

@@ -12,7 +12,7 @@ def _unit(n, dim, seed):
 def test_in_process_search_matches_qdrant_after_inserts_and_merges():
     store = LengthStore(StoreConfig(), dim=16)
     vecs = _unit(50, 16, 0)
-    store.upsert("m", vecs[:30], np.arange(30, dtype=np.float32), 0.0)
+    store.upsert("m", vecs[:30], np.arange(30, dtype=np.float32), 0.0, observed=False)
     queries = _unit(5, 16, 1)
     store.search("m", queries, 4)  # builds the copy, which later writes must keep exact
     store.upsert("m", np.concatenate([vecs[30:], vecs[:3]]), np.full(23, 99, np.float32), 1.0)
@@ -22,6 +22,8 @@ def test_in_process_search_matches_qdrant_after_inserts_and_merges():
     for a, b in zip(mine, theirs):
         np.testing.assert_allclose(a.scores, b.scores, atol=1e-5)
         np.testing.assert_allclose(a.lengths, b.lengths)
+        np.testing.assert_array_equal(a.observed, b.observed)
+    assert any(nb.observed.any() and not nb.observed.all() for nb in mine)  # both kinds met
     store.close()
 
 

@@ -12,11 +12,33 @@ def _unit(rng, n, dim=16):
 def test_near_duplicates_merge_within_and_across_batches():
     store = LengthStore(StoreConfig(), dim=16)
     v = _unit(np.random.default_rng(0), 1)
-    assert store.upsert("m", np.concatenate([v, v]), np.array([10.0, 20.0]), now=1.0) == 1
+    result = store.upsert("m", np.concatenate([v, v]), np.array([10.0, 20.0]), now=1.0)
+    assert result.created == 1 and result.ids[0] == result.ids[1]
     assert store.count("m") == 1
-    store.upsert("m", v, np.array([30.0]), now=2.0)
+    again = store.upsert("m", v, np.array([30.0]), now=2.0)
+    assert again.created == 0 and again.ids == result.ids[:1]
     [nb] = store.search("m", v, k=4)
     assert len(nb.lengths) == 1 and 10 < nb.lengths[0] < 30
+
+
+def test_payload_marks_seed_and_observed_points_and_counts_them():
+    store = LengthStore(StoreConfig(), dim=16)
+    vecs = _unit(np.random.default_rng(3), 6)
+    seeded = store.upsert("m", vecs[:4], np.full(4, 100.0), now=0.0, observed=False)
+    assert (seeded.created, seeded.newly_observed) == (4, 0)
+    store.search("m", vecs[:1], k=1)  # the in-process copy must follow the flag too
+    # One new observed point and one seeded point overwritten by the served model's reply.
+    result = store.upsert("m", vecs[[4, 0]], np.array([7.0, 9.0]), now=1.0)
+    assert (result.created, result.newly_observed) == (1, 2)
+    assert (store.count("m", observed=True), store.count("m", observed=False)) == (2, 3)
+    [nb] = store.search("m", vecs[:1], k=1)
+    assert nb.observed.tolist() == [True] and nb.lengths.tolist() == [9.0]
+    _, lengths, observed = store.export("m")
+    assert sorted(lengths[observed].tolist()) == [7.0, 9.0]
+    store._mirrors = None  # Qdrant itself answers the same
+    assert store.count("m", observed=True) == 2
+    assert store.search("m", vecs[:1], k=1)[0].observed.tolist() == [True]
+    store.close()
 
 
 def test_observed_completion_replaces_seeded_length():
@@ -33,8 +55,8 @@ def test_bound_evicts_seeded_then_oldest():
     for i in range(4, 14):
         store.upsert("m", vecs[i:i + 1], np.array([float(i)]), now=float(i))
     assert store.count("m") <= 10
-    _, lengths = store.export("m")
-    assert 1.0 not in lengths  # seeded points went first
+    _, lengths, observed = store.export("m")
+    assert 1.0 not in lengths and observed.all()  # seeded points went first
     assert {12.0, 13.0} <= set(lengths.tolist())
 
 
