@@ -64,7 +64,7 @@ def test_embedded_predictions_and_learning_from_completions(tmp_path):
         pump = engine.predictions
         assert pump.flush(60) and pump.num_predicted == 4
         core = pump.predictor.core
-        vectors, lengths = core.export("fake")
+        vectors, lengths, *_ = core.export("fake")
         assert len(lengths) >= 8 + 4   # seeded, then one point per served prompt
         # The completions taught the DB: each prompt now retrieves its own served length.
         preds = core.predict(PROMPTS, "fake")
