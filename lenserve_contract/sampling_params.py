@@ -31,6 +31,12 @@ class SamplingParams:
 
     def verify(self) -> None:
         """Raise InvalidRequestError naming the first bad parameter."""
+        # The executor verifies every sequence of every iteration: the common case builds no
+        # messages.
+        if (self.temperature >= 0.0 and (self.top_k == -1 or self.top_k >= 0)
+                and 0.0 < self.top_p <= 1.0 and 0 <= self.min_tokens <= self.max_tokens
+                and self.max_tokens >= 1 and all(isinstance(s, str) and s for s in self.stop)):
+            return
         checks = [
             (self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}"),
             (self.top_k == -1 or self.top_k >= 0, "top_k", f"must be -1 (off) or >= 0, got {self.top_k}"),

@@ -44,6 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_workload_arguments(p)
     p.add_argument("--served-model-name", help="`model` field sent to openai:<url> backends")
     p.add_argument("--hf-batch-size", type=int, default=8, help="requests per hf-static batch")
+    p.add_argument("--device", default="cpu",
+                   help="where lenserve and the hf-* backends run: cpu, cuda[:N]")
+    p.add_argument("--dtype", default="auto", help="auto: bfloat16 on a GPU, float32 on a CPU")
     add_engine_arguments(p)
     p.set_defaults(func=run_bench)
 
@@ -146,7 +149,9 @@ def run_bench(args: argparse.Namespace) -> int:
                              policy_config=tuple(args.policy_config or ()),
                              num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
                              max_model_len=args.max_model_len,
-                             swap_space_gib=args.swap_space, kv_int8=args.kv_int8)
+                             swap_space_gib=args.swap_space, kv_int8=args.kv_int8,
+                             device=args.device, dtype=args.dtype,
+                             enforce_eager=args.enforce_eager)
     cfg = sample_config(args)
     samples = load_samples(args.dataset_name, args.dataset_path)
     workloads = build_workloads(args, samples, cfg, rates, load_tokenizer(args))

@@ -97,26 +97,28 @@ def sdpa_peer(q, k_cache, v_cache, meta, shape: BenchShape, cfg: BenchConfig):
     return lambda: F.scaled_dot_product_attention(qd, k, v, is_causal=causal, enable_gqa=True)
 
 
-def max_error(shape: BenchShape, cfg: BenchConfig, device: str, num_splits: int | None) -> float:
+def max_error(shape: BenchShape, cfg: BenchConfig, device: str, num_splits: int | None,
+              options=None) -> float:
     from services.executor.attention.torch_backend import TorchAttention
     from services.executor.attention.triton_backend import TritonAttention
 
     q, k_cache, v_cache, meta = build_inputs(shape, cfg, device)
     scale = cfg.head_dim ** -0.5
     ref = TorchAttention().forward(q, k_cache, v_cache, meta, scale)
-    out = TritonAttention(num_splits=num_splits).forward(q, k_cache, v_cache, meta, scale)
+    out = TritonAttention(num_splits, options).forward(q, k_cache, v_cache, meta, scale)
     return (out.float() - ref.float()).abs().max().item()
 
 
-def time_row(shape: BenchShape, cfg: BenchConfig, num_splits: int | None, rep_ms: int) -> str:
-    from triton.testing import do_bench
+def time_row(shape: BenchShape, cfg: BenchConfig, num_splits: int | None, rep_ms: int,
+             options=None) -> str:
+    from triton.testing import do_bench, do_bench_cudagraph
 
     from services.executor.attention.torch_backend import TorchAttention
     from services.executor.attention.triton_backend import TritonAttention
 
     q, k_cache, v_cache, meta = build_inputs(shape, cfg, "cuda")
     args = (q, k_cache, v_cache, meta, cfg.head_dim ** -0.5)
-    triton_attn, torch_attn = TritonAttention(num_splits=num_splits), TorchAttention()
+    triton_attn, torch_attn = TritonAttention(num_splits, options), TorchAttention()
     peers = {"triton": lambda: triton_attn.forward(*args),
              "torch-ref": lambda: torch_attn.forward(*args),
              "sdpa-gathered": sdpa_peer(q, k_cache, v_cache, meta, shape, cfg)}
@@ -126,7 +128,10 @@ def time_row(shape: BenchShape, cfg: BenchConfig, num_splits: int | None, rep_ms
         if fn is None:
             cells.append(f"{name:>13} {'n/a':>18}")
             continue
-        us = do_bench(fn, warmup=10, rep=rep_ms) * 1e3
+        # The kernels and SDPA as a decode step runs them, replayed from a CUDA graph (no
+        # launch overhead); the reference syncs with the host, so it is timed eagerly.
+        us = (do_bench(fn, warmup=10, rep=rep_ms) if name == "torch-ref"
+              else do_bench_cudagraph(fn, rep=rep_ms)) * 1e3
         cells.append(f"{name:>13} {us:9.1f}us {gbytes / (us * 1e-6):6.0f}GB/s")
     return f"{shape.label:<20} " + " | ".join(cells)
 
@@ -137,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
     if cfg.num_heads % cfg.num_kv_heads:
         raise ValueError(f"--num-heads {cfg.num_heads} is not a multiple of --num-kv-heads "
                          f"{cfg.num_kv_heads}")
+    from services.executor.attention.triton_backend import KernelOptions
+    options = KernelOptions.parse(args.kernel_option or [])
     on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
     shapes = [BenchShape.parse(t) for t in args.shapes or (DEFAULT_SHAPES if on_gpu
                                                             else CHECK_SHAPES)]
@@ -146,21 +153,22 @@ def run(args: argparse.Namespace) -> int:
         # sets TRITON_INTERPRET at its start when there is no CUDA (see cli.py).
         print("bench-attention: timing needs a GPU with compiled Triton kernels "
               "(no CUDA, or TRITON_INTERPRET=1); running the correctness pass only")
-        return check(cfg, shapes, "cpu", args.num_splits)
+        return check(cfg, shapes, "cpu", args.num_splits, options)
     if args.check:
-        return check(cfg, shapes, "cuda", args.num_splits)
-    print(f"{cfg}\nus/call and GB/s of minimum traffic (q, out, K and V read once)")
+        return check(cfg, shapes, "cuda", args.num_splits, options)
+    print(f"{cfg}\n{options}\nGPU us/call (CUDA graph replays; torch-ref eager) and GB/s of "
+          "minimum traffic (q, out, K and V read once)")
     for shape in shapes:
-        print(time_row(shape, cfg, args.num_splits, args.rep_ms), flush=True)
+        print(time_row(shape, cfg, args.num_splits, args.rep_ms, options), flush=True)
     return 0
 
 
 def check(cfg: BenchConfig, shapes: list[BenchShape], device: str,
-          num_splits: int | None) -> int:
+          num_splits: int | None, options=None) -> int:
     tol = 1e-4 if cfg.dtype == torch.float32 else 3e-2
     worst = 0.0
     for shape in shapes:
-        err = max_error(shape, cfg, device, num_splits)
+        err = max_error(shape, cfg, device, num_splits, options)
         worst = max(worst, err)
         print(f"{shape.label:<20} max |triton - torch| = {err:.2e}")
     ok = worst <= tol
@@ -179,6 +187,9 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float16")
     p.add_argument("--num-splits", type=int, default=None,
                    help="split-KV factor for decode (power of two; default: chosen per batch)")
+    p.add_argument("--kernel-option", nargs="+", metavar="KEY=INT",
+                   help="launch shapes, e.g. decode_warps=8 prefill_block_m=128 (see "
+                        "KernelOptions in services/executor/attention/triton_backend.py)")
     p.add_argument("--rep-ms", type=int, default=100, help="timing budget per kernel (ms)")
     p.add_argument("--check", action="store_true", help="correctness pass only, no timing")
     p.set_defaults(func=run)

@@ -12,6 +12,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,11 +36,20 @@ def register(subparsers) -> None:
     p.add_argument("--context-len", type=int, default=512)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="auto",
+                   help="auto: bfloat16 on a GPU, float32 on a CPU")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU intra-op threads (default: torch's); 1 avoids thread thrash on a "
                         "machine whose cores are shared with other work")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="run decode eagerly (no CUDA graphs)")
+    p.add_argument("--compare-eager", action="store_true",
+                   help="also time eager decode in the same run (CUDA: graphs vs no graphs)")
+    p.add_argument("--hf-peer", action="store_true",
+                   help="also time transformers' generate with a static cache (eager) on the "
+                        "same device: its decode step from prompt + --hf-new-tokens")
+    p.add_argument("--hf-new-tokens", type=int, default=64)
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.set_defaults(func=run)
 
@@ -59,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    args.dtype = str(loaded.dtype).removeprefix("torch.")
     if max(args.prompt_len, args.context_len) > loaded.max_model_len:
         raise ValueError(f"prompt/context length exceeds the model's {loaded.max_model_len}")
     result = benchmark(loaded, args)
@@ -73,8 +84,15 @@ def benchmark(loaded: LoadedModel, args: argparse.Namespace) -> dict:
     weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     bandwidth = copy_bandwidth(device)
     rows = []
+    hf = None
+    if args.hf_peer:
+        from services.executor.models.loader import build_hf_model
+        hf = build_hf_model(args.model, dtype=args.dtype, device=args.device)
     for batch in args.batch_sizes:
-        rows.append(bench_batch(loaded, args, batch, weight_bytes, bandwidth))
+        row = bench_batch(loaded, args, batch, weight_bytes, bandwidth)
+        if hf is not None:
+            row["hf_static_decode_s"] = hf_static_decode_s(hf, args, batch)
+        rows.append(row)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return {"model": loaded.name, "family": loaded.family, "dtype": args.dtype,
@@ -89,21 +107,73 @@ def bench_batch(loaded: LoadedModel, args, batch: int, weight_bytes: int, bandwi
     bs = args.block_size
     per_seq = -(-max(args.prompt_len, args.context_len) // bs)
     executor = InProcessExecutor(loaded, block_size=bs, num_gpu_blocks=batch * per_seq,
-                                 attention_backend=args.attention_backend)
+                                 attention_backend=args.attention_backend,
+                                 cuda_graphs=not args.enforce_eager, max_graph_batch=batch)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
     gen = torch.Generator().manual_seed(batch)
     prefill = [ScheduledSequence(f"p{i}", _tokens(gen, args.prompt_len, loaded), 0, t, True,
                                  GREEDY) for i, t in enumerate(tables)]
     decode = [ScheduledSequence(f"d{i}", _tokens(gen, 1, loaded), args.context_len - 1, t, True,
                                 GREEDY) for i, t in enumerate(tables)]
+    # After its first iteration a request's table travels as a delta (empty here), as the
+    # scheduler sends it.
+    steady = [replace(s, block_table=[], block_table_is_delta=True) for s in decode]
     prefill_s = time_iteration(executor, prefill, args.repeats)
-    decode_s = time_iteration(executor, decode, args.repeats)
+    decode_s = time_iteration(executor, decode, args.repeats, steady)
     kv_bytes = batch * args.context_len * executor.kv.block_bytes / bs
     floor_s = (weight_bytes + kv_bytes) / bandwidth
-    return {"batch_size": batch, "prefill_s": prefill_s,
-            "prefill_tokens_per_s": batch * args.prompt_len / prefill_s,
-            "decode_s": decode_s, "decode_tokens_per_s": batch / decode_s,
-            "decode_floor_s": floor_s, "decode_floor_tokens_per_s": batch / floor_s}
+    row = {"batch_size": batch, "prefill_s": prefill_s,
+           "prefill_tokens_per_s": batch * args.prompt_len / prefill_s,
+           "decode_s": decode_s, "decode_tokens_per_s": batch / decode_s,
+           "decode_floor_s": floor_s, "decode_floor_tokens_per_s": batch / floor_s,
+           "cuda_graphs": executor.graphs is not None}
+    if executor.graphs is not None and executor.graphs.last_key is not None:
+        row["decode_graph_gpu_s"] = graph_replay_s(executor.graphs)
+    if args.compare_eager and executor.graphs is not None:
+        del executor
+        eager = InProcessExecutor(loaded, block_size=bs, num_gpu_blocks=batch * per_seq,
+                                  attention_backend=args.attention_backend, cuda_graphs=False)
+        eager.execute(ExecutorInput(0, prefill))
+        row["decode_eager_s"] = time_iteration(eager, decode, args.repeats, steady)
+    return row
+
+
+def graph_replay_s(graphs, repeats: int = 50) -> float:
+    """GPU time of the last decode graph alone (events around back-to-back replays): the step
+    without the host's share (staging, validation, sampling's copy)."""
+    graph = graphs.graphs[graphs.last_key]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / repeats
+
+
+def hf_static_decode_s(hf, args, batch: int) -> float:
+    """transformers' decode step: ``generate`` with a static cache, no compile, greedy; the
+    time of ``n`` new tokens minus the time of one, over ``n - 1``."""
+    gen = torch.Generator().manual_seed(batch)
+    ids = torch.randint(1000, hf.config.vocab_size, (batch, args.prompt_len),
+                        generator=gen).to(hf.device)
+
+    def run(n: int) -> float:
+        _sync(hf.device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                        min_new_tokens=n, do_sample=False, cache_implementation="static",
+                        disable_compile=True, pad_token_id=0)
+        _sync(hf.device)
+        return time.perf_counter() - start
+
+    n = args.hf_new_tokens
+    run(2)
+    one = statistics.median(run(1) for _ in range(max(args.repeats // 3, 1)))
+    many = statistics.median(run(n) for _ in range(max(args.repeats // 3, 1)))
+    return (many - one) / (n - 1)
 
 
 def _tokens(gen: torch.Generator, n: int, loaded: LoadedModel) -> list[int]:
@@ -111,12 +181,13 @@ def _tokens(gen: torch.Generator, n: int, loaded: LoadedModel) -> list[int]:
 
 
 def time_iteration(executor: InProcessExecutor, seqs: list[ScheduledSequence],
-                   repeats: int) -> float:
-    """Median wall time of ``execute`` after one warm-up; sampling's host copy syncs devices."""
+                   repeats: int, steady: list[ScheduledSequence] | None = None) -> float:
+    """Median wall time of ``execute`` after one warm-up with ``seqs``, timing ``steady``
+    (default ``seqs``); sampling's host copy syncs devices."""
     times = []
     for i in range(repeats + 1):
         start = time.perf_counter()
-        executor.execute(ExecutorInput(i, seqs))
+        executor.execute(ExecutorInput(i, seqs if i == 0 or steady is None else steady))
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
 
@@ -148,11 +219,20 @@ def format_table(r: dict) -> str:
             f"{r['decode_floor_weights_s'] * 1e3:.2f} ms/iteration\n"
             f"prefill: prompt {r['prompt_len']} tokens; decode: context {r['context_len']} tokens")
     cols = (f"{'batch':>6} {'prefill tok/s':>14} {'prefill ms':>11} {'decode tok/s':>13} "
-            f"{'decode ms':>10} {'floor ms':>9} {'floor tok/s':>12}")
+            f"{'decode ms':>10} {'floor ms':>9} {'floor tok/s':>12} {'x floor':>8} "
+            f"{'gpu ms':>7} {'eager ms':>9} {'hf-static ms':>13}")
     lines = [head, cols]
     for row in r["rows"]:
+        eager, hf = row.get("decode_eager_s"), row.get("hf_static_decode_s")
+        gpu = row.get("decode_graph_gpu_s")
         lines.append(f"{row['batch_size']:>6} {row['prefill_tokens_per_s']:>14.1f} "
                      f"{row['prefill_s'] * 1e3:>11.1f} {row['decode_tokens_per_s']:>13.1f} "
-                     f"{row['decode_s'] * 1e3:>10.1f} {row['decode_floor_s'] * 1e3:>9.2f} "
-                     f"{row['decode_floor_tokens_per_s']:>12.1f}")
+                     f"{row['decode_s'] * 1e3:>10.2f} {row['decode_floor_s'] * 1e3:>9.2f} "
+                     f"{row['decode_floor_tokens_per_s']:>12.1f} "
+                     f"{row['decode_s'] / row['decode_floor_s']:>8.1f} "
+                     f"{_ms(gpu):>7} {_ms(eager):>9} {_ms(hf):>13}")
     return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"

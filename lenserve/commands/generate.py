@@ -35,7 +35,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--attention-backend", default="auto", choices=BACKEND_CHOICES,
                    help="auto: triton on CUDA, the C++ kernel (cpu) on a CPU, else torch")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="auto",
+                   help="auto: bfloat16 on a GPU, float32 on a CPU")
     p.add_argument("--device", default="cpu")
     add_engine_arguments(p)
     p.set_defaults(func=run)

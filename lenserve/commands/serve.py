@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--attention-backend", default="auto", choices=BACKEND_CHOICES)
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="auto",
+                   help="auto: bfloat16 on a GPU, float32 on a CPU")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])

@@ -32,7 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--attention-backend", default="auto")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="auto",
+                   help="auto: bfloat16 on a GPU, float32 on a CPU")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="run decode iterations eagerly instead of replaying CUDA graphs")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     # Loopback unless told otherwise: exposing the service is a deployment decision.
@@ -46,7 +49,8 @@ def config_from_args(args: argparse.Namespace) -> ExecutorServiceConfig:
     executor = ExecutorConfig(
         args.model, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes, attention_backend=args.attention_backend,
-        dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, seed=args.seed)
+        dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, seed=args.seed,
+        enforce_eager=args.enforce_eager)
     return ExecutorServiceConfig(executor, args.host, args.port, args.grace)
 
 

@@ -17,11 +17,12 @@ class ExecutorConfig:
     num_gpu_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
     attention_backend: str = "auto"
-    dtype: str = "float32"
+    dtype: str = "auto"
     device: str = "cpu"
     max_model_len: int | None = None
     seed: int = 0
     skip_tokenizer_init: bool = False
+    enforce_eager: bool = False
 
 
 def build_executor(config: ExecutorConfig) -> Executor:
@@ -37,7 +38,7 @@ def build_executor(config: ExecutorConfig) -> Executor:
         kv_cache_memory_bytes=config.kv_cache_memory_bytes,
         attention_backend=config.attention_backend, dtype=config.dtype, device=config.device,
         max_model_len=config.max_model_len, seed=config.seed,
-        skip_tokenizer_init=config.skip_tokenizer_init)
+        skip_tokenizer_init=config.skip_tokenizer_init, cuda_graphs=not config.enforce_eager)
 
 
 def load_tokenizer(model: str):

@@ -15,14 +15,19 @@ from lenserve_contract.sampling_params import InvalidRequestError
 
 class KVCachePool:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+                 head_dim: int, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                 scratch: bool = False):
+        """``scratch``: one more block past ``num_blocks`` that belongs to nobody, where the
+        padding rows of a CUDA-graph batch write their KV (never handed out, never exported)."""
         if num_blocks < 1 or block_size < 1:
             raise InvalidRequestError(
                 f"KV pool needs num_blocks >= 1 and block_size >= 1, got {num_blocks} and "
                 f"{block_size}", field="num_gpu_blocks")
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
-        self.cache = torch.zeros((num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim),
+        self.scratch_block = num_blocks if scratch else None
+        physical = num_blocks + int(scratch)
+        self.cache = torch.zeros((num_layers, 2, physical, block_size, num_kv_heads, head_dim),
                                  dtype=dtype, device=device)
 
     @staticmethod

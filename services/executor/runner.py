@@ -6,13 +6,16 @@ refused with ``InvalidRequestError`` and the pool keeps every other request's da
 from __future__ import annotations
 
 import time
+from itertools import chain
 
+import numpy as np
 import torch
 
 from lenserve_contract.sampling_params import InvalidRequestError
 from services.executor.attention.base import AttentionMetadata
 from services.executor.attention.registry import check_backend_name, get_backend
 from services.executor.block_tables import BlockTables
+from services.executor.decode_graphs import DecodeGraphs
 from services.executor.interface import Executor
 from services.executor.kv_cache import KVCachePool
 from services.executor.models.layers import AttentionContext
@@ -33,9 +36,13 @@ GPU_MEMORY_UTILIZATION = 0.9
 class InProcessExecutor(Executor):
     def __init__(self, model: str | LoadedModel, *, block_size: int = 16,
                  num_gpu_blocks: int | None = None, kv_cache_memory_bytes: int | None = None,
-                 attention_backend: str = "auto", dtype: str = "float32", device: str = "cpu",
+                 attention_backend: str = "auto", dtype: str = "auto", device: str = "cpu",
                  max_model_len: int | None = None, seed: int = 0,
-                 skip_tokenizer_init: bool = False):
+                 skip_tokenizer_init: bool = False, cuda_graphs: bool = True,
+                 max_graph_batch: int = 256):
+        """``cuda_graphs``: replay decode iterations of up to ``max_graph_batch`` sequences
+        from captured CUDA graphs (on a CUDA device with a graph-safe attention backend);
+        False runs every iteration eagerly, as vLLM's ``enforce_eager``."""
         check_backend_name(attention_backend)   # before loading weights
         self.loaded = (model if isinstance(model, LoadedModel)
                        else load_model(model, dtype=dtype, device=device, seed=seed,
@@ -48,11 +55,16 @@ class InProcessExecutor(Executor):
         self.block_size = block_size
         num_blocks = num_gpu_blocks or self._blocks_for(kv_cache_memory_bytes)
         net = self.net
+        graphs = cuda_graphs and self.device.type == "cuda" and self.backend.graph_safe
         self.kv = KVCachePool(net.num_layers, num_blocks, block_size, net.num_kv_heads,
-                              net.head_dim, self.loaded.dtype, str(self.device))
+                              net.head_dim, self.loaded.dtype, str(self.device), scratch=graphs)
+        self.graphs = (DecodeGraphs(net, self.kv, self.backend, self.max_model_len,
+                                    max_graph_batch) if graphs else None)
         self.sampler = Sampler(seed)
         self.block_tables = BlockTables()
         self.swap_buffers: dict[str, torch.Tensor] = {}   # name -> host buffer, per slot
+        self._replayed = False    # the last forward was a graph replay (greedy rows are ready)
+        self._verified: dict[str, object] = {}
 
     def _context_limit(self, requested: int | None) -> int:
         limit = self.loaded.max_model_len
@@ -93,8 +105,11 @@ class InProcessExecutor(Executor):
         logits, ctx, forward_s, swap_s = self.forward_logits(batch)
         sample_start = time.perf_counter()
         sampling = [s for s in batch.sequences if s.sample]
-        reqs = [SampleRequest(s.sampling_params, s.num_output_tokens) for s in sampling]
-        tokens, logprobs = self.sampler.sample(logits, reqs) if reqs else ([], [])
+        if self._replayed and all(s.sampling_params.greedy for s in sampling):
+            tokens, logprobs = self.graphs.greedy(len(sampling))   # replayed from a graph
+        else:
+            reqs = [SampleRequest(s.sampling_params, s.num_output_tokens) for s in sampling]
+            tokens, logprobs = self.sampler.sample(logits, reqs) if reqs else ([], [])
         end = time.perf_counter()
         ids = [s.request_id for s in sampling]
         timings = IterationTimings(
@@ -109,18 +124,25 @@ class InProcessExecutor(Executor):
         """Validate, move blocks, run the model; logits of the sampling sequences, the
         attention context, forward seconds and swap seconds."""
         seqs = batch.sequences
+        self._replayed = False
         tables = self.block_tables.resolve(batch)
         self._validate(batch, tables)
         self.block_tables.commit(batch, tables)
+        self._remember_verified(batch)
         swap_s = self._swap(batch)
+        self.kv.copy_blocks(batch.copy_blocks)
         if not seqs:
-            self.kv.copy_blocks(batch.copy_blocks)
             return torch.empty(0, self.net.vocab_size), None, 0.0, swap_s
+        if self.graphs is not None and self.graphs.accepts(batch, tables):
+            start = time.perf_counter()
+            logits = self.graphs.run(seqs, tables)
+            torch.cuda.synchronize(self.device)
+            self._replayed = True
+            return logits, None, time.perf_counter() - start, swap_s
         input_ids, positions, slots, meta, sample_rows = _prepare(seqs, tables, self.block_size)
         dev = self.device
         ctx = AttentionContext(_meta_on(meta, dev), slots.to(dev), self.kv, self.backend,
                                batch.waves, time_attention=dev.type == "cpu")
-        self.kv.copy_blocks(batch.copy_blocks)
         start = time.perf_counter()
         with torch.inference_mode():
             hidden = self.net(input_ids.to(dev), positions.to(dev), ctx)
@@ -152,15 +174,35 @@ class InProcessExecutor(Executor):
 
     def _validate(self, batch: ExecutorInput, tables: list[list[int]]) -> None:
         seen: set[str] = set()
+        vocab, limit, bs = self.net.vocab_size, self.max_model_len, self.block_size
         for seq, table in zip(batch.sequences, tables):
             if seq.request_id in seen:
                 raise InvalidRequestError(f"request {seq.request_id!r} appears twice in one "
                                           "iteration", field="request_id")
             seen.add(seq.request_id)
-            self._validate_sequence(seq, table)
+            toks, end = seq.token_ids, seq.num_computed_tokens + len(seq.token_ids)
+            # The cheap test runs every iteration; the detailed one only to name what is wrong.
+            if not (toks and seq.num_computed_tokens >= 0 and end <= limit
+                    and len(table) * bs >= end and min(toks) >= 0 and max(toks) < vocab):
+                self._validate_sequence(seq, table)
+            if self._verified.get(seq.request_id) is not seq.sampling_params:
+                seq.sampling_params.verify()
+        # Ids sent in this batch only: a delta's earlier blocks were checked when they came.
+        sent = np.fromiter(chain.from_iterable(s.block_table for s in batch.sequences), np.int64)
+        if sent.size and (sent.min() < 0 or sent.max() >= self.kv.num_blocks):
+            for table in tables:
+                self.kv.check_block_ids(table, "block_table")
         self.kv.check_block_ids([b for pair in batch.copy_blocks for b in pair], "copy_blocks")
         moved = [d for d, _ in batch.swap_out] + [d for _, d in batch.swap_in]
         self.kv.check_block_ids(moved, "swap")
+
+    def _remember_verified(self, batch: ExecutorInput) -> None:
+        """Sampling parameters objects already verified, by request: the scheduler sends the
+        same object every iteration, so each is verified once while it runs."""
+        for rid in batch.finished_request_ids:
+            self._verified.pop(rid, None)
+        for seq in batch.sequences:
+            self._verified[seq.request_id] = seq.sampling_params
 
     def _validate_sequence(self, seq: ScheduledSequence, table: list[int]) -> None:
         rid = seq.request_id

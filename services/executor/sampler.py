@@ -42,7 +42,9 @@ class Sampler:
         if rows:
             tokens[rows] = self._sample_random(logits[rows], [requests[i] for i in rows])
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-        return tokens.tolist(), logprobs.tolist()
+        # One device-to-host copy for both (token ids are exact in float64).
+        both = torch.stack([tokens.double(), logprobs.double()]).cpu().tolist()
+        return [int(t) for t in both[0]], both[1]
 
     def _sample_random(self, logits: torch.Tensor, requests: list[SampleRequest]) -> torch.Tensor:
         temps = torch.tensor([r.params.temperature for r in requests], device=logits.device)
@@ -71,9 +73,10 @@ class Sampler:
 def top_k_filter(probs: torch.Tensor, top_k: list[int]) -> torch.Tensor:
     """Zero all but the ``k`` largest probabilities of each row; ``k <= 0`` keeps the row."""
     vocab = probs.shape[1]
-    ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=probs.device)
-    if bool((ks == vocab).all()):
+    wanted = [k if 0 < k < vocab else vocab for k in top_k]
+    if all(k == vocab for k in wanted):   # decided on the host: no device sync
         return probs
+    ks = torch.tensor(wanted, device=probs.device)
     sorted_probs = probs.sort(dim=-1, descending=True).values
     kth = sorted_probs.gather(1, (ks - 1)[:, None])
     return probs.masked_fill(probs < kth, 0.0)
@@ -81,9 +84,9 @@ def top_k_filter(probs: torch.Tensor, top_k: list[int]) -> torch.Tensor:
 
 def top_p_filter(probs: torch.Tensor, top_p: list[float]) -> torch.Tensor:
     """Keep each row's smallest most-likely set whose mass reaches ``p`` (at least one token)."""
-    ps = torch.tensor(top_p, device=probs.device, dtype=probs.dtype)
-    if bool((ps >= 1.0).all()):
+    if all(p >= 1.0 for p in top_p):
         return probs
+    ps = torch.tensor(top_p, device=probs.device, dtype=probs.dtype)
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     total = sorted_probs.sum(dim=-1, keepdim=True)

@@ -45,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="auto",
+                   help="auto: bfloat16 on a GPU, float32 on a CPU")
     p.add_argument("--device", default="cpu")
     add_engine_arguments(p)
     p.set_defaults(predictor=env("LENSERVE_PREDICTOR", "none"))

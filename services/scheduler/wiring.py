@@ -26,8 +26,9 @@ class EngineConfig:
     max_num_seqs: int = 256
     enable_chunked_prefill: bool = True
     attention_backend: str = "auto"
-    dtype: str = "float32"
+    dtype: str = "auto"                       # bfloat16 on a GPU, float32 on a CPU
     device: str = "cpu"
+    enforce_eager: bool = False               # no CUDA graphs for decode
     max_model_len: int | None = None
     seed: int = 0
     skip_tokenizer_init: bool = False         # run on prompt_token_ids only (no tokenizer)
@@ -52,7 +53,7 @@ def build_executor(config: EngineConfig) -> Executor:
         kv_cache_memory_bytes=config.kv_cache_memory_bytes,
         attention_backend=config.attention_backend, dtype=config.dtype, device=config.device,
         max_model_len=config.max_model_len, seed=config.seed,
-        skip_tokenizer_init=config.skip_tokenizer_init))
+        skip_tokenizer_init=config.skip_tokenizer_init, enforce_eager=config.enforce_eager))
 
 
 def scheduler_config(config: EngineConfig, executor: Executor) -> SchedulerConfig:

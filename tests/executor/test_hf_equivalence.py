@@ -4,6 +4,7 @@ for all requests at once, for both model families and both attention backends.""
 from __future__ import annotations
 
 import importlib.util
+import os
 import random
 
 import pytest
@@ -21,9 +22,11 @@ BLOCK_SIZE = 16
 
 def _backends():
     triton_ok = importlib.util.find_spec("triton") is not None
-    # Without a GPU the Triton interpreter runs these kernels in about a minute per family.
+    # Triton on these CPU tensors runs in the interpreter only (about a minute per family);
+    # on a GPU machine the CUDA test below covers the compiled kernels.
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     return ["torch", "cpu", pytest.param("triton", marks=[pytest.mark.slow, pytest.mark.skipif(
-        not triton_ok, reason="triton is not installed")])]
+        not (triton_ok and interpreted), reason="needs triton with TRITON_INTERPRET=1")])]
 
 
 def make_prompts(seed: int = 0) -> list[list[int]]:

@@ -32,6 +32,10 @@ class BackendOptions:
     max_model_len: int | None = None
     swap_space_gib: float = 0.0
     kv_int8: bool = False
+    # Where lenserve and the hf-* backends run, in which dtype ("auto": bfloat16 on a GPU).
+    device: str = "cpu"
+    dtype: str = "auto"
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         for name in ("hf_batch_size", "hf_cb_kv_tokens", "hf_cb_max_batch_tokens"):

@@ -17,6 +17,7 @@ from lenserve.bench.metrics import RequestRecord
 from lenserve.workloads.types import BenchRequest
 
 PAGE_SIZE = 256
+GPU_KV_TOKENS = 1 << 18
 
 
 def page_size_arg(config_cls) -> str:
@@ -43,10 +44,11 @@ class HFContinuousBackend(Backend):
             raise RuntimeError("the hf-cb backend needs psutil: pip install psutil")
         if self.model is None:
             from services.executor.models.loader import build_hf_model
-            self.model = build_hf_model(self.options.model)
+            self.model = build_hf_model(self.options.model, dtype=self.options.dtype,
+                                        device=self.options.device)
         cb_config = ContinuousBatchingConfig(
             **{page_size_arg(ContinuousBatchingConfig): PAGE_SIZE},
-            num_blocks=math.ceil(self.options.hf_cb_kv_tokens / PAGE_SIZE),
+            num_blocks=math.ceil(self._kv_tokens() / PAGE_SIZE),
             max_batch_tokens=self.options.hf_cb_max_batch_tokens,
             # Synthesised and dataset prompts share no prefixes worth caching; sharing would
             # only make the comparison depend on prompt content.
@@ -55,6 +57,13 @@ class HFContinuousBackend(Backend):
         self.manager = self.model.eval().init_continuous_batching(
             generation_config=generation, continuous_batching_config=cb_config)
         self.manager.start()
+
+    def _kv_tokens(self) -> int:
+        # On a GPU the CPU-sized default would starve it: give it what lenserve gets.
+        o = self.options
+        if o.device.startswith("cuda") and o.hf_cb_kv_tokens == BackendOptions.hf_cb_kv_tokens:
+            return GPU_KV_TOKENS
+        return o.hf_cb_kv_tokens
 
     def submit(self, request: BenchRequest, arrival_time: float) -> None:
         key = self.unique_key(request)

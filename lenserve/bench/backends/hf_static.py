@@ -48,7 +48,8 @@ class HFStaticBackend(Backend):
     def start(self) -> None:
         if self.model is None:
             from services.executor.models.loader import build_hf_model
-            self.model = build_hf_model(self.options.model)
+            self.model = build_hf_model(self.options.model, dtype=self.options.dtype,
+                                        device=self.options.device)
         self.model.eval()
 
     def submit(self, request: BenchRequest, arrival_time: float) -> None:

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from lenserve.bench.backends.base import Backend, BackendOptions, failed_record
 from lenserve.bench.metrics import RequestRecord
+from lenserve.workloads.types import BenchRequest
 from lenserve_contract.outputs import RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
-from lenserve.workloads.types import BenchRequest
 
 
 @dataclass
@@ -38,7 +38,8 @@ class LenserveBackend(Backend):
                 predictor=predictor, predictor_seed=o.predictor_seed,
                 num_gpu_blocks=o.num_gpu_blocks, max_num_seqs=o.max_num_seqs,
                 max_num_batched_tokens=o.max_num_batched_tokens, max_model_len=o.max_model_len,
-                swap_space_gib=o.swap_space_gib, kv_int8=o.kv_int8),
+                swap_space_gib=o.swap_space_gib, kv_int8=o.kv_int8, device=o.device,
+                dtype=o.dtype, enforce_eager=o.enforce_eager),
                 predictor_progress=_seed_progress)
 
     def submit(self, request: BenchRequest, arrival_time: float) -> None:

@@ -29,6 +29,9 @@ class AttentionMetadata:
     block_tables: torch.Tensor      # int32 [num_seqs, max_blocks_per_seq]
     max_query_len: int
     max_seq_len: int
+    # Split-KV factor for decode when the caller fixes it (a CUDA graph of padded rows must
+    # split as the unpadded batch would); None lets the backend choose.
+    num_splits: int | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -71,6 +74,13 @@ class AttentionMetadata:
 
 class AttentionBackend(ABC):
     name: str = "abstract"
+    # True when ``forward`` never synchronises with the host, so a CUDA graph can capture it.
+    graph_safe: bool = False
+
+    def decode_splits(self, num_seqs: int, num_kv_heads: int, max_seq_len: int,
+                      device: torch.device) -> int:
+        """The split-KV factor ``forward`` would use for such a decode batch (1: none)."""
+        return 1
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -1,6 +1,7 @@
 """lenserve's Triton attention: paged decode and (chunked-)prefill kernels behind one backend."""
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from functools import cache
 
 import torch
@@ -13,7 +14,41 @@ from services.executor.attention.triton_kernels import (
     paged_prefill,
 )
 
-_MAX_SPLITS = 16
+_MAX_SPLITS = 64
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """Launch shapes of the two kernels (``lenserve bench-attention --kernel-option`` tunes
+    them; ``scripts/tune_attention.py`` sweeps them). ``split_waves``: decode splits long
+    contexts until its programs fill the GPU this many times over. ``decode_tile_n`` 0: 32
+    keys per step for batches of up to 8 sequences, 64 above (the defaults are the best
+    worst-case candidates of that sweep on an H100, against SDPA on gathered KV)."""
+
+    decode_tile_n: int = 0
+    decode_warps: int = 4
+    decode_stages: int = 3
+    prefill_tile_n: int = 32
+    prefill_block_m: int = 128
+    prefill_warps: int = 8
+    prefill_stages: int = 2
+    split_waves: int = 4
+    max_splits: int = _MAX_SPLITS
+
+    def decode_tile(self, num_seqs: int) -> int:
+        return self.decode_tile_n or (32 if num_seqs <= 8 else 64)
+
+    @classmethod
+    def parse(cls, items: list[str]) -> KernelOptions:
+        known = {f.name for f in fields(cls)}
+        values = {}
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep or key not in known or not value.isdigit():
+                raise ValueError(f"bad kernel option {item!r}: use KEY=INT with KEY one of "
+                                 f"{sorted(known)}")
+            values[key] = int(value)
+        return cls(**values)
 
 
 @cache
@@ -22,7 +57,7 @@ def _num_sms(device_index: int) -> int:
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device,
-                      tile_n: int = 32) -> int:
+                      tile_n: int = 32, waves: int = 2, max_splits: int = _MAX_SPLITS) -> int:
     """Split-KV factor for decode: enough programs to cover the GPU twice, no more.
 
     Few sequences with long contexts leave most SMs idle without a split; many sequences fill
@@ -31,9 +66,9 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device
     if device.type != "cuda":
         return 1
     programs = max(num_seqs * num_kv_heads, 1)
-    want = min(2 * _num_sms(device.index or 0) // programs, max_seq_len // (4 * tile_n))
+    want = min(waves * _num_sms(device.index or 0) // programs, max_seq_len // (4 * tile_n))
     splits = 1
-    while splits * 2 <= min(want, _MAX_SPLITS):
+    while splits * 2 <= min(want, max_splits):
         splits *= 2
     return splits
 
@@ -45,17 +80,28 @@ class TritonAttention(AttentionBackend):
     the device, so ``forward`` does no per-sequence host work and never syncs."""
 
     name = "triton"
+    graph_safe = True
 
-    def __init__(self, num_splits: int | None = None, prefill_block_m: int = 64,
-                 tile_n: int = 32) -> None:
+    def __init__(self, num_splits: int | None = None, options: KernelOptions | None = None
+                 ) -> None:
         if num_splits is not None and (num_splits < 1 or num_splits & (num_splits - 1)):
             raise ValueError(f"num_splits must be a power of two >= 1, got {num_splits}")
-        if tile_n < 16 or tile_n & (tile_n - 1):
+        self.options = options = options or KernelOptions()
+        for name in ("decode_tile_n", "prefill_tile_n", "max_splits"):
+            value = getattr(options, name)
+            if name == "decode_tile_n" and value == 0:   # chosen per batch
+                continue
             # tl.arange needs a power of two, tl.dot at least 16.
-            raise ValueError(f"tile_n must be a power of two >= 16, got {tile_n}")
+            if value < (1 if name == "max_splits" else 16) or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {value}")
         self.num_splits = num_splits
-        self.prefill_block_m = prefill_block_m
-        self.tile_n = tile_n
+
+    def decode_splits(self, num_seqs: int, num_kv_heads: int, max_seq_len: int,
+                      device: torch.device) -> int:
+        o = self.options
+        return self.num_splits or choose_num_splits(num_seqs, num_kv_heads, max_seq_len, device,
+                                                    o.decode_tile(num_seqs), o.split_waves,
+                                                    o.max_splits)
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -65,12 +111,15 @@ class TritonAttention(AttentionBackend):
             return out
         args = (out, q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                 meta.block_tables, scale)
-        splits = self.num_splits or choose_num_splits(
-            meta.num_seqs, k_cache.shape[2], meta.max_seq_len, q.device, self.tile_n)
-        paged_decode(*args, num_splits=splits, tile_n=self.tile_n)
+        o = self.options
+        splits = meta.num_splits or self.decode_splits(meta.num_seqs, k_cache.shape[2],
+                                                       meta.max_seq_len, q.device)
+        paged_decode(*args, num_splits=splits, tile_n=o.decode_tile(meta.num_seqs),
+                     num_warps=o.decode_warps, num_stages=o.decode_stages)
         if meta.max_query_len > 1:
-            paged_prefill(*args, max_query_len=meta.max_query_len,
-                          block_m=self.prefill_block_m, tile_n=self.tile_n)
+            paged_prefill(*args, max_query_len=meta.max_query_len, block_m=o.prefill_block_m,
+                          tile_n=o.prefill_tile_n, num_warps=o.prefill_warps,
+                          num_stages=o.prefill_stages)
         return out
 
 

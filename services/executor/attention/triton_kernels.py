@@ -216,7 +216,7 @@ def _cache_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, .
 def paged_decode(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                  block_tables: torch.Tensor, scale: float, num_splits: int = 1,
-                 tile_n: int = 32) -> None:
+                 tile_n: int = 32, num_warps: int = 4, num_stages: int = 3) -> None:
     """Write ``out`` rows of the sequences with exactly one query row; others are left as is.
 
     ``num_splits`` (a power of two) splits each context over that many programs, for batches
@@ -237,6 +237,7 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
         *_cache_strides(k_cache, v_cache), block_tables.stride(0),
         GROUP=group, BLOCK_G=_pow2(group, 16), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=k_cache.shape[1], TILE_N=tile_n, NUM_SPLITS=num_splits, **_dot_options(q),
+        num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _decode_reduce[(num_seqs, num_heads)](
@@ -248,7 +249,8 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
 def paged_prefill(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                   block_tables: torch.Tensor, scale: float, max_query_len: int,
-                  block_m: int = 64, tile_n: int = 32) -> None:
+                  block_m: int = 64, tile_n: int = 32, num_warps: int = 4,
+                  num_stages: int = 3) -> None:
     """Write ``out`` rows of the sequences with two or more query rows; others are left as is."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -264,5 +266,5 @@ def paged_prefill(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
         *_cache_strides(k_cache, v_cache), block_tables.stride(0),
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, HEAD_DIM=head_dim,
         BLOCK_D=_pow2(head_dim, 16), BLOCK_SIZE=k_cache.shape[1], TILE_N=tile_n,
-        **_dot_options(q),
+        **_dot_options(q), num_warps=num_warps, num_stages=num_stages,
     )

@@ -68,7 +68,15 @@ class LoadedModel:
     dtype: torch.dtype
 
 
-def torch_dtype(name: str) -> torch.dtype:
+def resolve_dtype(name: str, device: str | torch.device = "cpu") -> str:
+    """``auto``: bfloat16 on a GPU, float32 on a CPU (where half types are slow)."""
+    if name != "auto":
+        return name
+    return "bfloat16" if torch.device(device).type == "cuda" else "float32"
+
+
+def torch_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
+    name = resolve_dtype(name, device)
     if name not in DTYPES:
         raise InvalidRequestError(f"unknown dtype {name!r}: choose one of {sorted(DTYPES)}",
                                   field="dtype")
@@ -128,17 +136,19 @@ def family_of(config: PretrainedConfig) -> str:
     return family
 
 
-def build_hf_model(model: str, *, dtype: str = "float32", seed: int = 0) -> nn.Module:
+def build_hf_model(model: str, *, dtype: str = "float32", seed: int = 0,
+                   device: str = "cpu") -> nn.Module:
     """The Hugging Face ``*ForCausalLM`` with the weights ``load_model`` gives."""
     name, path = resolve(model)
     if path is not None:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype)).eval()
+        return AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype(dtype, device)).to(device).eval()
     config = PRESETS[name].hf_config()
     # A private RNG stream: presets must not depend on, nor disturb, the caller's RNG state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return hf.to(torch_dtype(dtype)).eval()
+    return hf.to(device=device, dtype=torch_dtype(dtype, device)).eval()
 
 
 def _checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -185,8 +195,8 @@ def load_model(model: str, *, dtype: str = "float32", device: str = "cpu", seed:
     """``skip_tokenizer_init``: load no tokenizer (as vLLM's option); prompts must then be
     token ids and outputs carry token ids only."""
     name, path = resolve(model)
-    torch_dt = torch_dtype(dtype)
     check_device(device)   # before any weights are read
+    torch_dt = torch_dtype(dtype, device)
     if path is None:
         hf = build_hf_model(name, dtype="float32", seed=seed)
         config, weights = hf.config, hf.state_dict()
