@@ -80,7 +80,7 @@ def build_predictions(config: EngineConfig, model: str, progress=None):
     if config.kafka_bootstrap:
         from services.predictor.kafka_bus import CompletionProducer
         producer = CompletionProducer(config.kafka_bootstrap)
-        sink = lambda records: [producer.send(r) for r in records]  # noqa: E731
+        sink = lambda records: [producer.send(r) for r in records]
     return PredictionPump(predictor, model, sink)
 
 
@@ -94,11 +94,13 @@ def build_kv_manager(config: EngineConfig, executor: Executor):
 
 
 def engine_parts(config: EngineConfig, executor: Executor | None = None,
-                 predictor_progress=None) -> dict:
-    """Keyword arguments of ``EngineCore`` for this config (executor built unless given)."""
+                 predictor_progress=None, kv_manager=None) -> dict:
+    """Keyword arguments of ``EngineCore`` for this config (executor built unless given; the
+    KV manager too, from ``swap_space_gib``, unless one is given, e.g. a gRPC client)."""
     executor = executor if executor is not None else build_executor(config)
     model = executor.model_info().name
-    return dict(scheduler_config=scheduler_config(config, executor), executor=executor,
-                predictions=build_predictions(config, model, predictor_progress),
-                kv_manager=build_kv_manager(config, executor),
-                check_integrity=config.check_integrity)
+    if kv_manager is None:
+        kv_manager = build_kv_manager(config, executor)
+    return {"scheduler_config": scheduler_config(config, executor), "executor": executor,
+                "predictions": build_predictions(config, model, predictor_progress),
+                "kv_manager": kv_manager, "check_integrity": config.check_integrity}
