@@ -249,3 +249,32 @@ def test_a_restarted_scheduler_finds_the_pool_empty():
         again.close()
     finally:
         stack.stop()
+
+
+def test_a_kvmanager_that_dies_fails_only_the_requests_it_holds(monkeypatch):
+    monkeypatch.setitem(POLICIES, RandomSwapPolicy.name, RandomSwapPolicy)
+    stack = KVManagerStack(fake_executor(), KVManagerConfig(HOST_GIB), timeout_s=2)
+    config = EngineConfig(model="fake", policy=RandomSwapPolicy.name, max_model_len=64,
+                          max_num_batched_tokens=24, max_num_seqs=6)
+    engine = EngineCore(scheduler_config(config, stack.mover), stack.mover,
+                        kv_manager=stack.client)
+    for i in range(8):
+        engine.add_request(f"r{i}", prompt_token_ids=[40 + i] * 6,
+                           sampling_params=SamplingParams(max_tokens=20, ignore_eos=True))
+    done = {}
+    try:
+        for step in range(2000):
+            if step == 6:
+                stack.kvmanager.stop()      # the host tier dies mid-run
+            if not engine.has_unfinished_requests():
+                break
+            done.update((o.request_id, o) for o in engine.step() if o.finished)
+            engine.scheduler.check_integrity()
+    finally:
+        stack.client.close()
+        stack.mover.close()
+        stack.executor.stop()
+    reasons = {o.outputs[0].finish_reason for o in done.values()}
+    assert len(done) == 8 and reasons <= {"length", "error"} and "error" in reasons
+    errors = [o.error for o in done.values() if o.outputs[0].finish_reason == "error"]
+    assert all("kvmanager at 127.0.0.1" in e and "UNAVAILABLE" in e for e in errors), errors
