@@ -69,19 +69,19 @@ def scheduler_config(config: EngineConfig, executor: Executor) -> SchedulerConfi
 
 def build_predictions(config: EngineConfig, model: str, progress=None):
     """The PredictionPump for ``config.predictor`` (None for ``none``), with completions sent
-    to Kafka when a bootstrap server is set."""
+    to Kafka when a bootstrap server is set (see ``CompletionPublisher``)."""
     from services.predictor.local import make_predictor
     from services.scheduler.predictions import PredictionPump
 
     predictor = make_predictor(config.predictor, model, config.predictor_seed, progress)
     if predictor is None:
         return None
-    sink = None
-    if config.kafka_bootstrap:
-        from services.predictor.kafka_bus import CompletionProducer
-        producer = CompletionProducer(config.kafka_bootstrap)
-        sink = lambda records: [producer.send(r) for r in records]
-    return PredictionPump(predictor, model, sink)
+    if not config.kafka_bootstrap:
+        return PredictionPump(predictor, model)
+    # Buffered, on a thread of its own: Kafka being down never holds up serving.
+    from services.predictor.kafka_publisher import CompletionPublisher
+    publisher = CompletionPublisher(config.kafka_bootstrap)
+    return PredictionPump(predictor, model, publisher.publish, on_close=publisher.close)
 
 
 def build_kv_manager(config: EngineConfig, executor: Executor):
