@@ -278,3 +278,16 @@ def test_a_kvmanager_that_dies_fails_only_the_requests_it_holds(monkeypatch):
     assert len(done) == 8 and reasons <= {"length", "error"} and "error" in reasons
     errors = [o.error for o in done.values() if o.outputs[0].finish_reason == "error"]
     assert all("kvmanager at 127.0.0.1" in e and "UNAVAILABLE" in e for e in errors), errors
+
+
+def test_the_scheduler_takes_a_kvmanager_only_beside_a_remote_executor():
+    from services.scheduler.__main__ import SchedulerServiceConfig
+    engine = EngineConfig(model="fake")
+    ok = SchedulerServiceConfig(engine, "grpc://h:1", kvmanager="grpc://h:2")
+    assert ok.kvmanager == "grpc://h:2"
+    with pytest.raises(ValueError, match="needs --executor grpc://"):
+        SchedulerServiceConfig(engine, kvmanager="grpc://h:2")
+    with pytest.raises(ValueError, match="grpc://HOST:PORT"):
+        SchedulerServiceConfig(engine, "grpc://h:1", kvmanager="h:2")
+    with pytest.raises(ValueError, match="kvmanager service"):
+        SchedulerServiceConfig(EngineConfig(model="fake", swap_space_gib=1), "grpc://h:1")
