@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gateway at {url_of(sock)}/v1 -> scheduler {args.scheduler}", file=sys.stderr,
           flush=True)
     try:
-        make_server(app, args.log_level, config.max_concurrency).run(sockets=[sock])
+        make_server(app, args.log_level).run(sockets=[sock])
     finally:
         sock.close()
     return 0

@@ -24,5 +24,7 @@ def create_app(backend: SchedulerBackend, config: GatewayConfig, *, tokenizer=No
     app.state.chat = ChatFormatter(tokenizer)
     install_handlers(app)
     app.include_router(router)
-    app.add_middleware(Guard, api_keys=config.api_keys, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(Guard, api_keys=config.api_keys, max_body_bytes=config.max_body_bytes,
+                       max_concurrency=config.max_concurrency,
+                       retry_after_s=config.retry_after_s)
     return app

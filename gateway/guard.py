@@ -1,6 +1,11 @@
-"""The door, as plain ASGI (no per-request middleware objects): bearer API keys, then the
-body size limit. Both answer before the app parses anything, so a client without a key learns
-nothing about the request it sent, and an oversize body is never held whole."""
+"""The door, as plain ASGI (no per-request middleware objects): the open-request bound, bearer
+API keys, then the body size limit. All answer before the app parses anything, so a client
+without a key learns nothing about the request it sent, an oversize body is never held
+whole, and overload costs one small JSON answer per refused request.
+
+The open-request bound lives here rather than in uvicorn's ``limit_concurrency``: uvicorn
+answers past its limit with a plain-text 503 (and counts idle keep-alive connections too),
+where an OpenAI client expects the error JSON."""
 from __future__ import annotations
 
 import hmac
@@ -11,14 +16,33 @@ OPEN_PATHS = frozenset({"/health"})
 
 
 class Guard:
-    def __init__(self, app, api_keys: tuple[str, ...], max_body_bytes: int):
+    def __init__(self, app, api_keys: tuple[str, ...], max_body_bytes: int,
+                 max_concurrency: int | None = None, retry_after_s: int = 1):
         self.app = app
         self.keys = tuple(k.encode() for k in api_keys)
         self.max_body_bytes = max_body_bytes
+        self.max_open = max_concurrency
+        self.retry_after = str(retry_after_s).encode()
+        self.num_open = 0
+        self.num_refused = 0
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if self.max_open is None or scope["path"] in OPEN_PATHS:
+            return await self._admitted(scope, receive, send)
+        if self.num_open >= self.max_open:
+            self.num_refused += 1
+            return await reply(send, 503, f"the server has {self.max_open} requests open, its "
+                               "limit; retry later", "overloaded",
+                               [(b"retry-after", self.retry_after), (b"connection", b"close")])
+        self.num_open += 1
+        try:
+            return await self._admitted(scope, receive, send)
+        finally:
+            self.num_open -= 1
+
+    async def _admitted(self, scope, receive, send):
         if self.keys and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
             return await reply(send, 401, "invalid or missing API key", "invalid_api_key",
                                [(b"www-authenticate", b"Bearer")])

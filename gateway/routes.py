@@ -2,6 +2,7 @@
 ``Generation``, returned whole or streamed as server-sent events."""
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from fastapi import APIRouter, Request
@@ -15,6 +16,7 @@ from gateway.sampling import Prompt, completion_prompt, request_kwargs, sampling
 
 log = logging.getLogger(__name__)
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+CLIENT_CLOSED_REQUEST = 499     # no one reads it; it is what the access log shows
 
 router = APIRouter()
 
@@ -51,7 +53,7 @@ async def metrics(request: Request):
     state = request.app.state
     try:
         stats = await state.backend.stats()
-    except Exception:  # noqa: BLE001 - the gateway's own metrics are still worth a scrape
+    except Exception:  # the gateway's own metrics are still worth a scrape
         log.warning("stats() failed during a scrape", exc_info=True)
         stats = None
     return Response(state.metrics.render(stats), media_type=PROMETHEUS_TEXT)
@@ -80,7 +82,7 @@ async def serve(request: Request, body: SamplingFields, prompt: Prompt, shape_cl
         return StreamingResponse(stream(gen, shape, include_usage),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    return await whole(gen, shape)
+    return await whole(gen, shape, request)
 
 
 def check_model(body: SamplingFields, served: str) -> None:
@@ -89,15 +91,36 @@ def check_model(body: SamplingFields, served: str) -> None:
                             f"{served!r}", "model", "model_not_found")
 
 
-async def whole(gen: Generation, shape: CompletionShape) -> JSONResponse:
-    parts = []
+async def whole(gen: Generation, shape: CompletionShape, request: Request) -> Response:
+    """The whole answer, or nothing if the client leaves first: the server does not cancel a
+    handler whose client went away, so the disconnect is watched here and ends the request
+    upstream (``Generation.deltas`` aborts a request dropped before its end)."""
+    collect = asyncio.ensure_future(_collect(gen))
+    left = asyncio.ensure_future(_client_left(request))
+    await asyncio.wait((collect, left), return_when=asyncio.FIRST_COMPLETED)
+    if not collect.done():
+        collect.cancel()
+        await asyncio.gather(collect, return_exceptions=True)
+        log.info("client left before request %s finished; aborted", gen.request_id)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    left.cancel()
     try:
-        async for text, _ in gen.deltas():
-            parts.append(text)
+        parts = collect.result()
     except Exception as exc:  # noqa: BLE001 - the scheduler failed mid-request
         log.warning("request %s failed: %s", gen.request_id, exc)
         raise APIError(503, f"generation failed: {exc}", code="generation_failed") from None
     return JSONResponse(shape.full("".join(parts), gen.finish_reason, gen.usage()))
+
+
+async def _collect(gen: Generation) -> list[str]:
+    return [text async for text, _ in gen.deltas()]
+
+
+async def _client_left(request: Request) -> None:
+    """Returns once the client has disconnected (the body was read already, so the next
+    message the server has for this request is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def stream(gen: Generation, shape: CompletionShape, include_usage: bool):

@@ -24,12 +24,12 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-def make_server(app, log_level: str = "warning",
-                max_concurrency: int | None = None) -> uvicorn.Server:
+def make_server(app, log_level: str = "warning") -> uvicorn.Server:
     # Keep-alive beyond uvicorn's 5 s default: benchmark clients reuse idle connections.
-    # uvicorn answers 503 itself past limit_concurrency, the cheapest refusal under overload.
+    # No limit_concurrency: the app's guard bounds open requests and answers 503 in the
+    # OpenAI error shape; uvicorn's own 503 is plain text.
     config = uvicorn.Config(app, log_level=log_level, timeout_keep_alive=30,
-                            timeout_graceful_shutdown=5, limit_concurrency=max_concurrency)
+                            timeout_graceful_shutdown=5)
     return uvicorn.Server(config)
 
 

@@ -53,7 +53,7 @@ def test_every_lenserve_service_has_a_health_check_on_its_own_port():
 def test_grpc_targets_name_a_service_listening_there():
     services = COMPOSE["services"]
     for svc in _lenserve_services().values():
-        for flag in ("--executor", "--predictor"):
+        for flag in ("--executor", "--predictor", "--kvmanager"):
             target = _flag(svc.get("command", []), flag)
             if target is None or not target.startswith("grpc://"):
                 continue
@@ -65,13 +65,23 @@ def test_grpc_targets_name_a_service_listening_there():
 def test_start_order_waits_for_healthy_dependencies():
     services = COMPOSE["services"]
     depends = services["scheduler"]["depends_on"]
-    for dep in ("executor", "predictor"):
+    for dep in ("executor", "kvmanager", "predictor"):
         assert depends[dep]["condition"] == "service_healthy" and "healthcheck" in services[dep]
+    assert services["kvmanager"]["depends_on"]["executor"]["condition"] == "service_healthy"
+
+
+def test_kvmanager_shares_the_executors_shared_memory():
+    """Block bytes move through /dev/shm: the kvmanager joins the executor's IPC namespace."""
+    services = COMPOSE["services"]
+    assert services["executor"]["ipc"] == "shareable" and services["executor"]["shm_size"]
+    assert services["kvmanager"]["ipc"] == "service:executor"
+    command = services["kvmanager"]["command"]
+    assert _flag(command, "--executor") == "grpc://executor:50052"
 
 
 def test_health_checks_run_code_that_exists():
     from services.rpc import check_health  # noqa: F401 - the scheduler/executor checks call it
     parser = build_parser()
-    for name in ("scheduler", "executor"):
+    for name in ("scheduler", "executor", "kvmanager"):
         args = parser.parse_args(COMPOSE["services"][name]["command"])
         assert args.func.__module__.startswith("services."), name

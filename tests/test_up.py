@@ -48,6 +48,24 @@ def test_a_dead_service_is_reported_and_restarted_with_backoff():
     assert sup.poll() == ["executor"] and sup.running["executor"].restarts == 2
 
 
+def test_swap_space_adds_a_kvmanager_between_executor_and_scheduler():
+    from lenserve.cli import build_parser
+    from lenserve.commands.up import build_specs
+
+    def specs(*flags):
+        args = build_parser().parse_args(["up", "--model", "fake", "--no-predictor", *flags])
+        return {s.name: s for s in build_specs(args)}, [s.name for s in build_specs(args)]
+
+    by_name, order = specs()
+    assert "kvmanager" not in by_name and "--kvmanager" not in by_name["scheduler"].argv
+    by_name, order = specs("--swap-space", "0.5", "--kv-int8")
+    assert order.index("executor") < order.index("kvmanager") < order.index("scheduler")
+    kv = by_name["kvmanager"].argv
+    assert kv[kv.index("--executor") + 1] == by_name["executor"].url and "--int8" in kv
+    sched = by_name["scheduler"].argv
+    assert sched[sched.index("--kvmanager") + 1] == by_name["kvmanager"].url
+
+
 def _lines(proc) -> queue.Queue:
     q: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [q.put(line) for line in proc.stdout], daemon=True).start()

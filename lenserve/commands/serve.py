@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     sock = bind(config.host, config.port)     # before the model loads: a taken port fails fast
     engine = AsyncEngine(engine_config(args))
     app = create_app(engine, config, tokenizer=engine.engine.tokenizer)
-    server = make_server(app, args.log_level, config.max_concurrency)
+    server = make_server(app, args.log_level)
     auth = "API key required" if config.api_keys else "open, no API key"
     print(f"lenserve serving {config.served_model_name} at {url_of(sock)}/v1 ({auth}); "
           "Ctrl-C stops", file=sys.stderr, flush=True)

@@ -1,10 +1,11 @@
-"""``lenserve serve-scheduler`` / ``lenserve serve-executor``: the services' own ``__main__``
-parsers and entry points, under the one command."""
+"""``lenserve serve-scheduler`` / ``serve-executor`` / ``serve-kvmanager``: the services' own
+``__main__`` parsers and entry points, under the one command."""
 from __future__ import annotations
 
 
 def register(subparsers) -> None:
     from services.executor import __main__ as executor_main
+    from services.kvmanager import __main__ as kvmanager_main
     from services.scheduler import __main__ as scheduler_main
 
     s = subparsers.add_parser("serve-scheduler", help="run the gRPC SchedulerService "
@@ -15,3 +16,8 @@ def register(subparsers) -> None:
                               "(same flags as python -m services.executor)")
     executor_main.add_arguments(e)
     e.set_defaults(func=executor_main.serve)
+    k = subparsers.add_parser("serve-kvmanager", help="run the gRPC KVManagerService, the host "
+                              "KV tier of an executor service on this host (same flags as "
+                              "python -m services.kvmanager)")
+    kvmanager_main.add_arguments(k)
+    k.set_defaults(func=kvmanager_main.serve)

@@ -1,6 +1,7 @@
 """``lenserve up``: the whole system on this machine, one process per service on free
-loopback ports: executor, predictor (embedded Qdrant, no external server), scheduler and,
-once the package exists, the REST gateway. Prints the URLs; a service that dies is reported
+loopback ports: executor, the kvmanager (host KV tier, with ``--swap-space``), predictor
+(embedded Qdrant, no external server), scheduler and, once the package exists, the REST
+gateway. Prints the URLs; a service that dies is reported
 and restarted; Ctrl-C (or SIGTERM) stops everything."""
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ def register(subparsers) -> None:
     p.add_argument("--num-gpu-blocks", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--swap-space", type=float, default=0.0, metavar="GIB",
+                   help="host KV tier: run a kvmanager service with this many GiB (0: none)")
+    p.add_argument("--kv-int8", action="store_true", help="keep swapped KV as INT8")
     p.add_argument("--no-predictor", action="store_true",
                    help="no predictor service (length-aware policies then see defaults)")
     p.add_argument("--host", default="127.0.0.1", help="address every service binds")
@@ -52,6 +56,12 @@ def build_specs(args: argparse.Namespace) -> list[ServiceSpec]:
     sizes = [*(("--num-gpu-blocks", str(args.num_gpu_blocks)) if args.num_gpu_blocks else ()),
              *(("--max-model-len", str(args.max_model_len)) if args.max_model_len else ())]
     specs = [_grpc_spec("executor", ("services.executor",), host, free_port(host), *model, *sizes)]
+    kvmanager = ()
+    if args.swap_space > 0:
+        specs.append(_grpc_spec("kvmanager", ("services.kvmanager",), host, free_port(host),
+                                "--executor", specs[0].url, "--swap-space", str(args.swap_space),
+                                *(("--int8",) if args.kv_int8 else ())))
+        kvmanager = ("--kvmanager", specs[-1].url)
     predictor = "none"
     if not args.no_predictor:
         specs.append(_grpc_spec("predictor", ("services.predictor", "serve"), host,
@@ -59,7 +69,8 @@ def build_specs(args: argparse.Namespace) -> list[ServiceSpec]:
         predictor = specs[-1].url
     policy_config = ("--policy-config", *args.policy_config) if args.policy_config else ()
     specs.append(_grpc_spec("scheduler", ("services.scheduler",), host, free_port(host), *model,
-                            *sizes, "--executor", specs[0].url, "--predictor", predictor,
+                            *sizes, "--executor", specs[0].url, *kvmanager,
+                            "--predictor", predictor,
                             "--policy", args.policy, *policy_config))
     gateway = gateway_spec(host, free_port(host), specs[-1].url, args.model)
     return specs + ([gateway] if gateway else [])

@@ -22,38 +22,49 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from lenserve_contract.proto import common_pb2 as lenserve__contract_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'lenserve_contract/proto/kvmanager.proto\x12\x0elenserve.proto\x1a$lenserve_contract/proto/common.proto\"9\n\x0f\x41llocateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\x05\"S\n\x10\x41llocateResponse\x12\x13\n\x0bhost_blocks\x18\x01 \x03(\x05\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1b.lenserve.proto.ErrorDetail\"!\n\x0b\x46reeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"!\n\x0c\x46reeResponse\x12\x11\n\tnum_freed\x18\x01 \x01(\x05\"d\n\rSwapCandidate\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\x05\x12\x18\n\x10\x65stimated_wait_s\x18\x03 \x01(\x01\x12\x11\n\ton_device\x18\x04 \x01(\x08\"~\n\x0fSwapPlanRequest\x12\x31\n\ncandidates\x18\x01 \x03(\x0b\x32\x1d.lenserve.proto.SwapCandidate\x12\x1a\n\x12\x66ree_device_blocks\x18\x02 \x01(\x05\x12\x1c\n\x14\x64\x65vice_blocks_needed\x18\x03 \x01(\x05\"-\n\x08SwapPlan\x12\x10\n\x08swap_out\x18\x01 \x03(\t\x12\x0f\n\x07swap_in\x18\x02 \x03(\t\"J\n\x0bSwapRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rdevice_blocks\x18\x02 \x03(\x05\x12\x10\n\x08shm_name\x18\x03 \x01(\t\"M\n\x0cSwapResponse\x12\x11\n\tnum_bytes\x18\x01 \x01(\x03\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1b.lenserve.proto.ErrorDetail\"\x10\n\x0eKVStatsRequest\"g\n\x07KVStats\x12\x17\n\x0fnum_host_blocks\x18\x01 \x01(\x05\x12\x1c\n\x14num_free_host_blocks\x18\x02 \x01(\x05\x12\x17\n\x0fhost_bytes_used\x18\x03 \x01(\x03\x12\x0c\n\x04int8\x18\x04 \x01(\x08\x32\xbc\x03\n\x10KVManagerService\x12M\n\x08\x41llocate\x12\x1f.lenserve.proto.AllocateRequest\x1a .lenserve.proto.AllocateResponse\x12\x41\n\x04\x46ree\x12\x1b.lenserve.proto.FreeRequest\x1a\x1c.lenserve.proto.FreeResponse\x12\x46\n\tPlanSwaps\x12\x1f.lenserve.proto.SwapPlanRequest\x1a\x18.lenserve.proto.SwapPlan\x12\x44\n\x07SwapOut\x12\x1b.lenserve.proto.SwapRequest\x1a\x1c.lenserve.proto.SwapResponse\x12\x43\n\x06SwapIn\x12\x1b.lenserve.proto.SwapRequest\x1a\x1c.lenserve.proto.SwapResponse\x12\x43\n\x08GetStats\x12\x1e.lenserve.proto.KVStatsRequest\x1a\x17.lenserve.proto.KVStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'lenserve_contract/proto/kvmanager.proto\x12\x0elenserve.proto\"\x11\n\x0f\x44\x65scribeRequest\"K\n\x08KVLayout\x12\x17\n\x0fnum_host_blocks\x18\x01 \x01(\x05\x12\x18\n\x10host_block_bytes\x18\x02 \x01(\x03\x12\x0c\n\x04int8\x18\x03 \x01(\x08\"c\n\x0eSwapOutRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rdevice_blocks\x18\x02 \x03(\x05\x12\x17\n\nnum_tokens\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\r\n\x0b_num_tokens\":\n\rSwapInRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rdevice_blocks\x18\x02 \x03(\x05\"\x1d\n\nSwapTicket\x12\x0f\n\x07swap_id\x18\x01 \x01(\x04\":\n\nSwapResult\x12\x0f\n\x07swap_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\x10\n\x0eWaitAllRequest\">\n\x0fWaitAllResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.lenserve.proto.SwapResult\" \n\nRequestRef\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rHoldsResponse\x12\r\n\x05holds\x18\x01 \x01(\x08\"\x0e\n\x0c\x46reeResponse\"\x0e\n\x0cResetRequest\"\"\n\rResetResponse\x12\x11\n\tnum_freed\x18\x01 \x01(\x05\"\x10\n\x0eKVStatsRequest\"\xba\x01\n\x07KVStats\x12\x17\n\x0fnum_host_blocks\x18\x01 \x01(\x05\x12\x1c\n\x14num_free_host_blocks\x18\x02 \x01(\x05\x12\x17\n\x0fhost_bytes_used\x18\x03 \x01(\x03\x12\x0c\n\x04int8\x18\x04 \x01(\x08\x12\x1c\n\x14num_swapped_requests\x18\x05 \x01(\x05\x12\x19\n\x11\x62ytes_swapped_out\x18\x06 \x01(\x03\x12\x18\n\x10\x62ytes_swapped_in\x18\x07 \x01(\x03\"\x12\n\x10IntegrityRequest\".\n\x0fIntegrityReport\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07problem\x18\x02 \x01(\t2\x9f\x06\n\x10KVManagerService\x12\x45\n\x08\x44\x65scribe\x12\x1f.lenserve.proto.DescribeRequest\x1a\x18.lenserve.proto.KVLayout\x12\x45\n\x07SwapOut\x12\x1e.lenserve.proto.SwapOutRequest\x1a\x1a.lenserve.proto.SwapTicket\x12\x43\n\x06SwapIn\x12\x1d.lenserve.proto.SwapInRequest\x1a\x1a.lenserve.proto.SwapTicket\x12\x42\n\x08WaitSwap\x12\x1a.lenserve.proto.SwapTicket\x1a\x1a.lenserve.proto.SwapResult\x12\x42\n\x08PollSwap\x12\x1a.lenserve.proto.SwapTicket\x1a\x1a.lenserve.proto.SwapResult\x12J\n\x07WaitAll\x12\x1e.lenserve.proto.WaitAllRequest\x1a\x1f.lenserve.proto.WaitAllResponse\x12\x42\n\x05Holds\x12\x1a.lenserve.proto.RequestRef\x1a\x1d.lenserve.proto.HoldsResponse\x12@\n\x04\x46ree\x12\x1a.lenserve.proto.RequestRef\x1a\x1c.lenserve.proto.FreeResponse\x12\x44\n\x05Reset\x12\x1c.lenserve.proto.ResetRequest\x1a\x1d.lenserve.proto.ResetResponse\x12\x43\n\x08GetStats\x12\x1e.lenserve.proto.KVStatsRequest\x1a\x17.lenserve.proto.KVStats\x12S\n\x0e\x43heckIntegrity\x12 .lenserve.proto.IntegrityRequest\x1a\x1f.lenserve.proto.IntegrityReportb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lenserve_contract.proto.kvmanager_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ALLOCATEREQUEST']._serialized_start=97
-  _globals['_ALLOCATEREQUEST']._serialized_end=154
-  _globals['_ALLOCATERESPONSE']._serialized_start=156
-  _globals['_ALLOCATERESPONSE']._serialized_end=239
-  _globals['_FREEREQUEST']._serialized_start=241
-  _globals['_FREEREQUEST']._serialized_end=274
-  _globals['_FREERESPONSE']._serialized_start=276
-  _globals['_FREERESPONSE']._serialized_end=309
-  _globals['_SWAPCANDIDATE']._serialized_start=311
-  _globals['_SWAPCANDIDATE']._serialized_end=411
-  _globals['_SWAPPLANREQUEST']._serialized_start=413
-  _globals['_SWAPPLANREQUEST']._serialized_end=539
-  _globals['_SWAPPLAN']._serialized_start=541
-  _globals['_SWAPPLAN']._serialized_end=586
-  _globals['_SWAPREQUEST']._serialized_start=588
-  _globals['_SWAPREQUEST']._serialized_end=662
-  _globals['_SWAPRESPONSE']._serialized_start=664
-  _globals['_SWAPRESPONSE']._serialized_end=741
-  _globals['_KVSTATSREQUEST']._serialized_start=743
-  _globals['_KVSTATSREQUEST']._serialized_end=759
-  _globals['_KVSTATS']._serialized_start=761
-  _globals['_KVSTATS']._serialized_end=864
-  _globals['_KVMANAGERSERVICE']._serialized_start=867
-  _globals['_KVMANAGERSERVICE']._serialized_end=1311
+  _globals['_DESCRIBEREQUEST']._serialized_start=59
+  _globals['_DESCRIBEREQUEST']._serialized_end=76
+  _globals['_KVLAYOUT']._serialized_start=78
+  _globals['_KVLAYOUT']._serialized_end=153
+  _globals['_SWAPOUTREQUEST']._serialized_start=155
+  _globals['_SWAPOUTREQUEST']._serialized_end=254
+  _globals['_SWAPINREQUEST']._serialized_start=256
+  _globals['_SWAPINREQUEST']._serialized_end=314
+  _globals['_SWAPTICKET']._serialized_start=316
+  _globals['_SWAPTICKET']._serialized_end=345
+  _globals['_SWAPRESULT']._serialized_start=347
+  _globals['_SWAPRESULT']._serialized_end=405
+  _globals['_WAITALLREQUEST']._serialized_start=407
+  _globals['_WAITALLREQUEST']._serialized_end=423
+  _globals['_WAITALLRESPONSE']._serialized_start=425
+  _globals['_WAITALLRESPONSE']._serialized_end=487
+  _globals['_REQUESTREF']._serialized_start=489
+  _globals['_REQUESTREF']._serialized_end=521
+  _globals['_HOLDSRESPONSE']._serialized_start=523
+  _globals['_HOLDSRESPONSE']._serialized_end=553
+  _globals['_FREERESPONSE']._serialized_start=555
+  _globals['_FREERESPONSE']._serialized_end=569
+  _globals['_RESETREQUEST']._serialized_start=571
+  _globals['_RESETREQUEST']._serialized_end=585
+  _globals['_RESETRESPONSE']._serialized_start=587
+  _globals['_RESETRESPONSE']._serialized_end=621
+  _globals['_KVSTATSREQUEST']._serialized_start=623
+  _globals['_KVSTATSREQUEST']._serialized_end=639
+  _globals['_KVSTATS']._serialized_start=642
+  _globals['_KVSTATS']._serialized_end=828
+  _globals['_INTEGRITYREQUEST']._serialized_start=830
+  _globals['_INTEGRITYREQUEST']._serialized_end=848
+  _globals['_INTEGRITYREPORT']._serialized_start=850
+  _globals['_INTEGRITYREPORT']._serialized_end=896
+  _globals['_KVMANAGERSERVICE']._serialized_start=899
+  _globals['_KVMANAGERSERVICE']._serialized_end=1698
 # @@protoc_insertion_point(module_scope)

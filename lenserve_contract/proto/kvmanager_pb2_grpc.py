@@ -34,54 +34,67 @@ class KVManagerServiceStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Allocate = channel.unary_unary(
-                '/lenserve.proto.KVManagerService/Allocate',
-                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.AllocateRequest.SerializeToString,
-                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.AllocateResponse.FromString,
-                _registered_method=True)
-        self.Free = channel.unary_unary(
-                '/lenserve.proto.KVManagerService/Free',
-                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeRequest.SerializeToString,
-                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeResponse.FromString,
-                _registered_method=True)
-        self.PlanSwaps = channel.unary_unary(
-                '/lenserve.proto.KVManagerService/PlanSwaps',
-                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapPlanRequest.SerializeToString,
-                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapPlan.FromString,
+        self.Describe = channel.unary_unary(
+                '/lenserve.proto.KVManagerService/Describe',
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.KVLayout.FromString,
                 _registered_method=True)
         self.SwapOut = channel.unary_unary(
                 '/lenserve.proto.KVManagerService/SwapOut',
-                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapRequest.SerializeToString,
-                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResponse.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapOutRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapTicket.FromString,
                 _registered_method=True)
         self.SwapIn = channel.unary_unary(
                 '/lenserve.proto.KVManagerService/SwapIn',
-                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapRequest.SerializeToString,
-                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResponse.FromString,
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapInRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapTicket.FromString,
+                _registered_method=True)
+        self.WaitSwap = channel.unary_unary(
+                '/lenserve.proto.KVManagerService/WaitSwap',
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapTicket.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResult.FromString,
+                _registered_method=True)
+        self.PollSwap = channel.unary_unary(
+                '/lenserve.proto.KVManagerService/PollSwap',
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapTicket.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResult.FromString,
+                _registered_method=True)
+        self.WaitAll = channel.unary_unary(
+                '/lenserve.proto.KVManagerService/WaitAll',
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.WaitAllRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.WaitAllResponse.FromString,
+                _registered_method=True)
+        self.Holds = channel.unary_unary(
+                '/lenserve.proto.KVManagerService/Holds',
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.RequestRef.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.HoldsResponse.FromString,
+                _registered_method=True)
+        self.Free = channel.unary_unary(
+                '/lenserve.proto.KVManagerService/Free',
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.RequestRef.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeResponse.FromString,
+                _registered_method=True)
+        self.Reset = channel.unary_unary(
+                '/lenserve.proto.KVManagerService/Reset',
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.ResetRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.ResetResponse.FromString,
                 _registered_method=True)
         self.GetStats = channel.unary_unary(
                 '/lenserve.proto.KVManagerService/GetStats',
                 request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.KVStatsRequest.SerializeToString,
                 response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.KVStats.FromString,
                 _registered_method=True)
+        self.CheckIntegrity = channel.unary_unary(
+                '/lenserve.proto.KVManagerService/CheckIntegrity',
+                request_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.IntegrityRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.IntegrityReport.FromString,
+                _registered_method=True)
 
 
 class KVManagerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Allocate(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Free(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PlanSwaps(self, request, context):
+    def Describe(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -99,7 +112,53 @@ class KVManagerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WaitSwap(self, request, context):
+        """blocks until the copy has finished
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PollSwap(self, request, context):
+        """answers at once
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitAll(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Holds(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Free(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reset(self, request, context):
+        """Frees every request's host blocks: a scheduler that (re)connects owns no swapped
+        requests, so whatever the pool holds belongs to one that is gone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckIntegrity(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -108,35 +167,60 @@ class KVManagerServiceServicer:
 
 def add_KVManagerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Allocate': grpc.unary_unary_rpc_method_handler(
-                    servicer.Allocate,
-                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.AllocateRequest.FromString,
-                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.AllocateResponse.SerializeToString,
-            ),
-            'Free': grpc.unary_unary_rpc_method_handler(
-                    servicer.Free,
-                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeRequest.FromString,
-                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeResponse.SerializeToString,
-            ),
-            'PlanSwaps': grpc.unary_unary_rpc_method_handler(
-                    servicer.PlanSwaps,
-                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapPlanRequest.FromString,
-                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapPlan.SerializeToString,
+            'Describe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Describe,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.DescribeRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.KVLayout.SerializeToString,
             ),
             'SwapOut': grpc.unary_unary_rpc_method_handler(
                     servicer.SwapOut,
-                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapRequest.FromString,
-                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResponse.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapOutRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapTicket.SerializeToString,
             ),
             'SwapIn': grpc.unary_unary_rpc_method_handler(
                     servicer.SwapIn,
-                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapRequest.FromString,
-                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResponse.SerializeToString,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapInRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapTicket.SerializeToString,
+            ),
+            'WaitSwap': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitSwap,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapTicket.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResult.SerializeToString,
+            ),
+            'PollSwap': grpc.unary_unary_rpc_method_handler(
+                    servicer.PollSwap,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapTicket.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResult.SerializeToString,
+            ),
+            'WaitAll': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitAll,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.WaitAllRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.WaitAllResponse.SerializeToString,
+            ),
+            'Holds': grpc.unary_unary_rpc_method_handler(
+                    servicer.Holds,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.RequestRef.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.HoldsResponse.SerializeToString,
+            ),
+            'Free': grpc.unary_unary_rpc_method_handler(
+                    servicer.Free,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.RequestRef.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeResponse.SerializeToString,
+            ),
+            'Reset': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reset,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.ResetRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.ResetResponse.SerializeToString,
             ),
             'GetStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStats,
                     request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.KVStatsRequest.FromString,
                     response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.KVStats.SerializeToString,
+            ),
+            'CheckIntegrity': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckIntegrity,
+                    request_deserializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.IntegrityRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_kvmanager__pb2.IntegrityReport.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -150,7 +234,7 @@ class KVManagerService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Allocate(request,
+    def Describe(request,
             target,
             options=(),
             channel_credentials=None,
@@ -163,63 +247,9 @@ class KVManagerService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/lenserve.proto.KVManagerService/Allocate',
-            lenserve__contract_dot_proto_dot_kvmanager__pb2.AllocateRequest.SerializeToString,
-            lenserve__contract_dot_proto_dot_kvmanager__pb2.AllocateResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Free(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/lenserve.proto.KVManagerService/Free',
-            lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeRequest.SerializeToString,
-            lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PlanSwaps(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/lenserve.proto.KVManagerService/PlanSwaps',
-            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapPlanRequest.SerializeToString,
-            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapPlan.FromString,
+            '/lenserve.proto.KVManagerService/Describe',
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.DescribeRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.KVLayout.FromString,
             options,
             channel_credentials,
             insecure,
@@ -245,8 +275,8 @@ class KVManagerService:
             request,
             target,
             '/lenserve.proto.KVManagerService/SwapOut',
-            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapRequest.SerializeToString,
-            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResponse.FromString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapOutRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapTicket.FromString,
             options,
             channel_credentials,
             insecure,
@@ -272,8 +302,170 @@ class KVManagerService:
             request,
             target,
             '/lenserve.proto.KVManagerService/SwapIn',
-            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapRequest.SerializeToString,
-            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResponse.FromString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapInRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapTicket.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitSwap(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lenserve.proto.KVManagerService/WaitSwap',
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapTicket.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PollSwap(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lenserve.proto.KVManagerService/PollSwap',
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapTicket.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.SwapResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitAll(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lenserve.proto.KVManagerService/WaitAll',
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.WaitAllRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.WaitAllResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Holds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lenserve.proto.KVManagerService/Holds',
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.RequestRef.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.HoldsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Free(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lenserve.proto.KVManagerService/Free',
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.RequestRef.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.FreeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lenserve.proto.KVManagerService/Reset',
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.ResetRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.ResetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -301,6 +493,33 @@ class KVManagerService:
             '/lenserve.proto.KVManagerService/GetStats',
             lenserve__contract_dot_proto_dot_kvmanager__pb2.KVStatsRequest.SerializeToString,
             lenserve__contract_dot_proto_dot_kvmanager__pb2.KVStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckIntegrity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lenserve.proto.KVManagerService/CheckIntegrity',
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.IntegrityRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_kvmanager__pb2.IntegrityReport.FromString,
             options,
             channel_credentials,
             insecure,

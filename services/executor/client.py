@@ -5,8 +5,14 @@ finish_reason "error"). After a failure the next call first waits up to
 ``reconnect_wait_s`` for the executor to come back, so requests that arrive during a restart
 succeed instead of failing in the channel's reconnect backoff. The executor's tables and KV are gone after a
 restart: a request that kept running across it fails on its next block-table delta rather
-than decoding from lost KV."""
+than decoding from lost KV.
+
+``export_blocks``/``import_blocks`` move block bytes through a shared-memory segment of this
+process that the executor maps by name (the kvmanager service uses this client as its
+mover): the executor must run on this host and see the same ``/dev/shm``."""
 from __future__ import annotations
+
+import threading
 
 import grpc
 import torch
@@ -16,6 +22,7 @@ from lenserve_contract.proto import executor_pb2, executor_pb2_grpc
 from services import rpc
 from services.executor import convert
 from services.executor.interface import Executor, ExecutorUnavailableError
+from services.executor.shared_blocks import SharedStaging
 from services.executor.types import ExecutorInput, ExecutorOutput, ModelInfo
 
 
@@ -33,6 +40,8 @@ class ExecutorClient(Executor):
         self._tokenizer_model = tokenizer_model
         self._tokenizer = None
         self._info: ModelInfo | None = None
+        self._staging: SharedStaging | None = None
+        self._staging_lock = threading.Lock()
         self._channel = grpc.insecure_channel(self.target, options=rpc.CHANNEL_OPTIONS)
         self._stub = executor_pb2_grpc.ExecutorServiceStub(self._channel)
 
@@ -75,16 +84,42 @@ class ExecutorClient(Executor):
         self._lost = False
         return response
 
-    def export_blocks(self, block_ids: list[int], out: torch.Tensor | None = None):
-        raise NotImplementedError("block data of a remote executor moves over shared memory "
-                                  "with a kvmanager, not through this client")
+    def export_blocks(self, block_ids: list[int], out: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+        segment, view = self._shared().segment(len(block_ids))
+        request = executor_pb2.BlockDataRequest(block_ids=block_ids, shm_name=segment.name)
+        self._call(self._stub.ExportBlocks, request, self.timeout_s)
+        if out is None:
+            return view.clone()
+        if not _same_memory(out, view):
+            out.copy_(view)
+        return out
 
     def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
-        raise NotImplementedError("block data of a remote executor moves over shared memory "
-                                  "with a kvmanager, not through this client")
+        segment, view = self._shared().segment(len(block_ids))
+        if tuple(data.shape) != tuple(view.shape):
+            raise InvalidRequestError(f"imported KV data has shape {tuple(data.shape)}, "
+                                      f"expected {tuple(view.shape)}", field="data")
+        if not _same_memory(data, view):
+            view.copy_(data)
+        request = executor_pb2.BlockDataRequest(block_ids=block_ids, shm_name=segment.name)
+        self._call(self._stub.ImportBlocks, request, self.timeout_s)
+
+    def staging(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host buffer in this thread's shared segment: a KV manager that stages blocks
+        here moves them with no copy on this side."""
+        return self._shared().view(shape, dtype)
+
+    def _shared(self) -> SharedStaging:
+        with self._staging_lock:       # copy threads of a KV manager come here at once
+            if self._staging is None:
+                self._staging = SharedStaging(self.model_info())
+            return self._staging
 
     def close(self) -> None:
         self._channel.close()
+        if self._staging is not None:
+            self._staging.close()
 
 
 def _field(err: grpc.RpcError) -> str:
@@ -92,3 +127,7 @@ def _field(err: grpc.RpcError) -> str:
         if key == rpc.FIELD_METADATA_KEY:
             return value
     return ""
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()

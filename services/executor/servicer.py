@@ -1,8 +1,13 @@
-"""gRPC shell of the executor: one ``Execute`` call per iteration, ``GetModelInfo``, health.
+"""gRPC shell of the executor: one ``Execute`` call per iteration, ``GetModelInfo``, block
+moves for a kvmanager (``ExportBlocks``/``ImportBlocks``: bytes through a shared-memory segment
+the request names, never through protobuf), health.
 
 Iterations run on one worker thread: the executor is not thread-safe (nor need it be, the
 scheduler sends one iteration at a time), and the event loop stays free to answer health
-checks during a long forward pass."""
+checks during a long forward pass. Block moves run on a second thread, in arrival order, so
+that a swap-out overlaps the iteration running meanwhile, as it does in one process: the
+serving core keeps a swapped-out request's device blocks reserved until its copy is done,
+and waits for a swap-in before the iteration that reads it."""
 from __future__ import annotations
 
 import asyncio
@@ -12,21 +17,22 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from lenserve_contract.errors import InvalidRequestError
-from lenserve_contract.proto import executor_pb2_grpc
+from lenserve_contract.proto import executor_pb2, executor_pb2_grpc
 from services import rpc
 from services.executor import convert
 from services.executor.interface import Executor
+from services.executor.shared_blocks import AttachedSegments
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "lenserve.proto.ExecutorService"
-NO_BLOCK_DATA = ("block data moves over shared memory between the executor and a kvmanager "
-                 "process; this executor serves no block data over gRPC")
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
     def __init__(self, executor: Executor):
         self.executor = executor
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="executor")
+        self._mover = ThreadPoolExecutor(1, thread_name_prefix="executor-blocks")
+        self._segments: AttachedSegments | None = None
 
     async def Execute(self, request, context):
         try:
@@ -36,7 +42,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
         except InvalidRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc),
                                 trailing_metadata=((rpc.FIELD_METADATA_KEY, exc.field),))
-        except Exception as exc:  # noqa: BLE001 - a bug or a device fault: say so, keep serving
+        except Exception as exc:  # a bug or a device fault: say so, keep serving
             log.exception("iteration %d failed", request.iteration)
             await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
         return convert.output_to_proto(out)
@@ -45,13 +51,45 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
         return convert.model_info_to_proto(self.executor.model_info())
 
     async def ExportBlocks(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, NO_BLOCK_DATA)
+        return await self._move(request, context, export=True)
 
     async def ImportBlocks(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, NO_BLOCK_DATA)
+        return await self._move(request, context, export=False)
+
+    async def _move(self, request, context, export: bool):
+        ids = list(request.block_ids)
+        try:
+            loop = asyncio.get_running_loop()
+            num_bytes = await loop.run_in_executor(self._mover, self._move_blocks,
+                                                   request.shm_name, ids, export)
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc),
+                                trailing_metadata=((rpc.FIELD_METADATA_KEY, exc.field),))
+        except Exception as exc:  # a device fault: say so, keep serving
+            log.exception("%s of %d blocks failed", "export" if export else "import", len(ids))
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+        return executor_pb2.BlockDataResponse(num_bytes=num_bytes)
+
+    def _move_blocks(self, name: str, block_ids: list[int], export: bool) -> int:
+        info = self.executor.model_info()
+        bad = [b for b in block_ids if not 0 <= b < info.num_gpu_blocks]
+        if bad:     # checked here: not every executor checks what it is asked to move
+            raise InvalidRequestError(f"unknown KV block id(s) {bad[:8]}: the pool has blocks "
+                                      f"0..{info.num_gpu_blocks - 1}", field="block_ids")
+        if self._segments is None:
+            self._segments = AttachedSegments(info)
+        view = self._segments.view(name, len(block_ids))
+        if export:
+            self.executor.export_blocks(block_ids, out=view)
+        else:
+            self.executor.import_blocks(block_ids, view)
+        return view.numel() * view.element_size()
 
     def close(self) -> None:
         self._worker.shutdown(wait=True)
+        self._mover.shutdown(wait=True)
+        if self._segments is not None:
+            self._segments.close()
         self.executor.close()
 
 

@@ -21,6 +21,10 @@ class FutureHandle(SwapHandle):
     def __init__(self, future: Future):
         self._future = future
 
+    @property
+    def future(self) -> Future:
+        return self._future
+
     def done(self) -> bool:
         return self._future.done()
 

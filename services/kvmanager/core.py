@@ -1,6 +1,8 @@
 """The in-process KV manager: host block pool + asynchronous copies through a mover.
 
-The mover is executor-like: ``export_blocks(block_ids, out=None)`` and ``import_blocks``.
+The mover is executor-like: ``export_blocks(block_ids, out=None)`` and ``import_blocks``, and
+optionally ``staging(shape, dtype)``, a host buffer it moves without a copy of its own (the
+gRPC executor client's shared memory).
 Copies run on worker threads (see ``copier``); everything else -- which request owns which
 host blocks, the stats -- changes only on the caller's thread. Finished copies are settled
 ("reaped") at the start of every call, so after ``handle.wait()`` the next call already sees
@@ -129,6 +131,14 @@ class InProcessKVManager(KVManager):
             self._count_out(swap)
         self.pool.allocator.release(request_id)
 
+    def free_all(self) -> int:
+        """Wait for every copy, then free every request's host blocks; how many were freed."""
+        self.wait_all()
+        owners = self.pool.allocator.owners()
+        for rid in owners:
+            self.free(rid)
+        return len(owners)
+
     def wait_all(self) -> None:
         """Waits without raising: each copy's error is its handle's to report."""
         self._check_open()
@@ -173,7 +183,9 @@ class InProcessKVManager(KVManager):
         self.mover.import_blocks(device_blocks, data)
 
     def _staging(self, num_blocks: int) -> torch.Tensor:
-        return self.copier.staging(self.layout.shape(num_blocks), self.layout.dtype)
+        # A mover that offers its own staging (a remote executor's shared memory) saves a copy.
+        staging = getattr(self.mover, "staging", self.copier.staging)
+        return staging(self.layout.shape(num_blocks), self.layout.dtype)
 
     # -- bookkeeping (caller thread) ------------------------------------------------------
 

@@ -39,9 +39,11 @@ class CompletionProducer:
         self._producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1,
                                        **kafka_kwargs)
 
-    def send(self, record: Completion | common_pb2.CompletionRecord) -> None:
+    def send(self, record: Completion | common_pb2.CompletionRecord):
+        """Queue one record; returns kafka-python's future of its delivery."""
         pb = convert.completion_to_pb(record) if isinstance(record, Completion) else record
-        self._producer.send(self.topic, key=pb.model.encode(), value=pb.SerializeToString())
+        return self._producer.send(self.topic, key=pb.model.encode(),
+                                   value=pb.SerializeToString())
 
     def flush(self, timeout_s: float = 10.0) -> None:
         self._producer.flush(timeout=timeout_s)

@@ -1,5 +1,6 @@
 """`python -m services.scheduler` / `lenserve serve-scheduler`: CLI/env -> one frozen config ->
-the scheduler service over an in-process executor, or a remote one (``--executor grpc://``)."""
+the scheduler service over an in-process executor, or a remote one (``--executor grpc://``)
+with, optionally, the host KV tier of a kvmanager service (``--kvmanager grpc://``)."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,7 @@ IN_PROCESS = "inprocess"
 class SchedulerServiceConfig:
     engine: EngineConfig
     executor: str = IN_PROCESS     # or grpc://HOST:PORT
+    kvmanager: str | None = None   # grpc://HOST:PORT of a kvmanager next to the executor
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     grace_s: float = 5.0
@@ -30,8 +32,15 @@ class SchedulerServiceConfig:
             raise ValueError(f"--executor must be {IN_PROCESS!r} or grpc://HOST:PORT, "
                              f"got {self.executor!r}")
         if self.executor != IN_PROCESS and self.engine.swap_space_gib > 0:
-            raise ValueError("--swap-space needs the executor in-process: block data of a "
-                             "remote executor moves through a kvmanager service")
+            raise ValueError("--swap-space needs the executor in-process: the host tier of a "
+                             "remote executor is a kvmanager service (--kvmanager grpc://)")
+        if self.kvmanager is not None:
+            if not self.kvmanager.startswith("grpc://"):
+                raise ValueError(f"--kvmanager must be grpc://HOST:PORT, got {self.kvmanager!r}")
+            if self.executor == IN_PROCESS:
+                raise ValueError("--kvmanager needs --executor grpc://: the kvmanager moves "
+                                 "blocks with an executor service (an in-process executor "
+                                 "takes --swap-space instead)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "where the tokenizer comes from")
     p.add_argument("--executor", default=env("LENSERVE_EXECUTOR", IN_PROCESS),
                    help=f"{IN_PROCESS} (this process) or grpc://HOST:PORT")
+    p.add_argument("--kvmanager", default=env("LENSERVE_KVMANAGER") or None,
+                   help="grpc://HOST:PORT of a kvmanager service (the host KV tier of the "
+                        "remote executor); default none")
     p.add_argument("--policy", default=env("LENSERVE_POLICY", "vllm"))
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None)
@@ -64,7 +76,8 @@ def config_from_args(args: argparse.Namespace) -> SchedulerServiceConfig:
                           max_num_batched_tokens=args.max_num_batched_tokens, dtype=args.dtype,
                           device=args.device, kafka_bootstrap=args.kafka_bootstrap,
                           **engine_options(args))
-    return SchedulerServiceConfig(engine, args.executor, args.host, args.port, args.grace)
+    return SchedulerServiceConfig(engine, args.executor, args.kvmanager, args.host, args.port,
+                                  args.grace)
 
 
 def build_engine(config: SchedulerServiceConfig):
@@ -72,11 +85,14 @@ def build_engine(config: SchedulerServiceConfig):
     from services.scheduler.engine_core import EngineCore
     from services.scheduler.wiring import engine_parts
 
-    executor = None
+    executor = kv_manager = None
     if config.executor != IN_PROCESS:
         from services.executor.client import ExecutorClient
         executor = ExecutorClient(config.executor, tokenizer_model=config.engine.model)
-    parts = engine_parts(config.engine, executor)
+    if config.kvmanager is not None:
+        from services.kvmanager.client import KVManagerClient
+        kv_manager = KVManagerClient(config.kvmanager)
+    parts = engine_parts(config.engine, executor, kv_manager=kv_manager)
     return AsyncEngine(EngineCore(**parts, tokenizer=parts["executor"].tokenizer))
 
 

@@ -219,7 +219,10 @@ class EngineCore:
 
     def _finish_swap_outs(self) -> None:
         for handle in self._swap_outs:
-            handle.wait()
+            try:
+                handle.wait()
+            except Exception as exc:  # the copy is over either way; its swap-in will say why
+                logger.error("a swap-out failed: %s", exc)
         self._swap_outs.clear()
         self.scheduler.release_swapped_blocks()
 
@@ -273,8 +276,8 @@ class EngineCore:
                              [completion], finished, request.metrics, request.error)
 
     def _on_finished(self, request: Request, stream: _Stream) -> None:
-        if self.kv_manager is not None and self.kv_manager.holds(request.request_id):
-            self.kv_manager.free(request.request_id)
+        if self.kv_manager is not None:
+            self._free_host_copy(request.request_id)
         if self.predictions is None or request.finish_reason not in (FinishReason.STOP,
                                                                      FinishReason.LENGTH):
             return
@@ -284,6 +287,13 @@ class EngineCore:
             self.predictions.report(Completion(
                 self.predictions.model, prompt, request.num_output_tokens, request.request_id,
                 request.metrics.finished_time or 0.0, request.predicted_output_len or 0))
+
+    def _free_host_copy(self, request_id: str) -> None:
+        try:
+            if self.kv_manager.holds(request_id):
+                self.kv_manager.free(request_id)
+        except Exception as exc:  # a kvmanager that is down: the request ends all the same
+            logger.error("could not free the host KV of %s: %s", request_id, exc)
 
     def close(self) -> None:
         self._finish_swap_outs()

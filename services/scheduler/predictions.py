@@ -31,10 +31,14 @@ def to_scheduler(p: PredictorPrediction) -> Prediction:
 
 class PredictionPump:
     def __init__(self, predictor: LengthPredictor, model: str,
-                 completion_sink: Callable[[list[Completion]], None] | None = None):
+                 completion_sink: Callable[[list[Completion]], None] | None = None,
+                 on_close: Callable[[], None] | None = None):
+        """``completion_sink``: where finished requests go (default ``predictor.observe``);
+        ``on_close``: releases it (e.g. the Kafka publisher's thread)."""
         self.predictor = predictor
         self.model = model
         self.sink = completion_sink or predictor.observe
+        self._on_close = on_close
         self._queries: deque[tuple[str, PredictQuery]] = deque()
         self._completions: deque[Completion] = deque(maxlen=MAX_PENDING_COMPLETIONS)
         self._results: deque[tuple[str, Prediction]] = deque()
@@ -128,4 +132,6 @@ class PredictionPump:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=5)
+        if self._on_close is not None:
+            self._on_close()
         self.predictor.close()

@@ -70,19 +70,19 @@ def scheduler_config(config: EngineConfig, executor: Executor) -> SchedulerConfi
 
 def build_predictions(config: EngineConfig, model: str, progress=None):
     """The PredictionPump for ``config.predictor`` (None for ``none``), with completions sent
-    to Kafka when a bootstrap server is set."""
+    to Kafka when a bootstrap server is set (see ``CompletionPublisher``)."""
     from services.predictor.local import make_predictor
     from services.scheduler.predictions import PredictionPump
 
     predictor = make_predictor(config.predictor, model, config.predictor_seed, progress)
     if predictor is None:
         return None
-    sink = None
-    if config.kafka_bootstrap:
-        from services.predictor.kafka_bus import CompletionProducer
-        producer = CompletionProducer(config.kafka_bootstrap)
-        sink = lambda records: [producer.send(r) for r in records]  # noqa: E731
-    return PredictionPump(predictor, model, sink)
+    if not config.kafka_bootstrap:
+        return PredictionPump(predictor, model)
+    # Buffered, on a thread of its own: Kafka being down never holds up serving.
+    from services.predictor.kafka_publisher import CompletionPublisher
+    publisher = CompletionPublisher(config.kafka_bootstrap)
+    return PredictionPump(predictor, model, publisher.publish, on_close=publisher.close)
 
 
 def build_kv_manager(config: EngineConfig, executor: Executor):
@@ -95,11 +95,13 @@ def build_kv_manager(config: EngineConfig, executor: Executor):
 
 
 def engine_parts(config: EngineConfig, executor: Executor | None = None,
-                 predictor_progress=None) -> dict:
-    """Keyword arguments of ``EngineCore`` for this config (executor built unless given)."""
+                 predictor_progress=None, kv_manager=None) -> dict:
+    """Keyword arguments of ``EngineCore`` for this config (executor built unless given; the
+    KV manager too, from ``swap_space_gib``, unless one is given, e.g. a gRPC client)."""
     executor = executor if executor is not None else build_executor(config)
     model = executor.model_info().name
-    return dict(scheduler_config=scheduler_config(config, executor), executor=executor,
-                predictions=build_predictions(config, model, predictor_progress),
-                kv_manager=build_kv_manager(config, executor),
-                check_integrity=config.check_integrity)
+    if kv_manager is None:
+        kv_manager = build_kv_manager(config, executor)
+    return {"scheduler_config": scheduler_config(config, executor), "executor": executor,
+                "predictions": build_predictions(config, model, predictor_progress),
+                "kv_manager": kv_manager, "check_integrity": config.check_integrity}

@@ -38,6 +38,7 @@ class ServedExecutor:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
         self.servicer._worker.shutdown(wait=False)
+        self.servicer._mover.shutdown(wait=False)
 
 
 class Transports:

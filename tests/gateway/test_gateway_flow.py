@@ -1,11 +1,15 @@
-"""Flow control: the admission bound answers 429 + Retry-After, and a client that leaves
-mid-stream has its request aborted in the scheduler."""
+"""Flow control: the admission bound answers 429 + Retry-After, the open-request bound 503 in
+the OpenAI error shape, and a client that leaves (mid-stream, or before a whole answer) has its
+request aborted in the scheduler."""
 from __future__ import annotations
 
+import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import openai
 import pytest
 from gateway_helpers import Recording, long_engine, start_gateway, stats_of
 
@@ -76,3 +80,40 @@ def test_disconnect_mid_stream_aborts_the_request(gateway_factory):
     stats = stats_of(gw.engine)
     assert stats.num_waiting == 0 and stats.num_free_blocks == stats.num_total_blocks
     assert gw.backend.closed_early == gw.backend.aborted and len(gw.backend.aborted) == 1
+
+
+def test_disconnect_before_a_whole_answer_aborts_the_request(gateway_factory):
+    """Non-streaming: nothing is sent until the end, so only the disconnect says the client
+    left; the request must not run on to max_tokens."""
+    gw = gateway_factory(engine_kwargs=long_engine(), wrap=Recording, max_tokens_limit=60_000)
+    host, port = gw.url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": "long", "max_tokens": 50_000, "ignore_eos": True}).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert wait_until(lambda: stats_of(gw.engine).num_running == 1)
+    sock.close()
+    assert wait_until(lambda: stats_of(gw.engine).num_running == 0, timeout_s=10)
+    stats = stats_of(gw.engine)
+    assert stats.num_waiting == 0 and stats.num_free_blocks == stats.num_total_blocks
+    assert len(gw.backend.aborted) == 1 and gw.backend.closed_early == gw.backend.aborted
+
+
+def test_over_the_open_request_bound_is_503_in_the_openai_error_shape(gateway_factory):
+    gw = gateway_factory(engine_kwargs=long_engine(), max_tokens_limit=60_000,
+                         max_concurrency=1, retry_after_s=2)
+    client = httpx.Client(timeout=60)
+    stream, lines = open_long_stream(client, gw.url)          # the one open request
+    refused = client.post(gw.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "2"
+    error = refused.json()["error"]
+    assert error["type"] == "service_unavailable" and error["code"] == "overloaded"
+    assert client.get(gw.url + "/health").status_code == 200     # health is never refused
+    with pytest.raises(openai.APIStatusError) as err:
+        gw.client().completions.create(model="fake", prompt="x", max_tokens=2)
+    assert err.value.status_code == 503 and err.value.body["code"] == "overloaded"
+    stream.__exit__(None, None, None)
+    assert wait_until(lambda: client.post(gw.url + "/v1/completions",
+                                          json={"prompt": "x", "max_tokens": 2}).status_code
+                      == 200)
+    client.close()

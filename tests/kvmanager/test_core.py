@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from lenserve_contract.errors import InvalidRequestError
-from services.kvmanager.interface import HostPoolFullError, RequestNotHeldError
 from services.kvmanager.int8 import dequantize, quantize
-from tests.kvmanager.helpers import host_block_bytes, make_manager, make_pool
+from services.kvmanager.interface import HostPoolFullError, RequestNotHeldError
+from tests.kvmanager.helpers import host_block_bytes, make_pool
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -34,7 +34,7 @@ def fragment(manager, num_holes: int) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("host_layout", ["run", "fragmented"])
-def test_round_trip_is_bit_identical_into_other_device_blocks(dtype, host_layout):
+def test_round_trip_is_bit_identical_into_other_device_blocks(dtype, host_layout, make_manager):
     pool = make_pool(dtype=dtype)
     manager, _ = make_manager(pool, host_blocks=8)
     if host_layout == "fragmented":
@@ -55,7 +55,7 @@ def test_round_trip_is_bit_identical_into_other_device_blocks(dtype, host_layout
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_int8_round_trip_is_the_quantized_blocks_within_the_bound(dtype):
+def test_int8_round_trip_is_the_quantized_blocks_within_the_bound(dtype, make_manager):
     pool = make_pool(dtype=dtype, seed=3)
     manager, _ = make_manager(pool, host_blocks=8, int8=True)
     original = blocks(pool, [0, 4])
@@ -76,7 +76,7 @@ def test_int8_round_trip_is_the_quantized_blocks_within_the_bound(dtype):
     manager.check_integrity()
 
 
-def test_int8_ignores_the_stale_tail_of_the_last_block():
+def test_int8_ignores_the_stale_tail_of_the_last_block(make_manager):
     pool = make_pool(seed=5)
     manager, _ = make_manager(pool, host_blocks=4, int8=True)
     pool.cache[:, :, 2, 9:] = float("nan")          # slots 9.. of the last block: stale
@@ -92,7 +92,7 @@ def test_int8_ignores_the_stale_tail_of_the_last_block():
 
 
 @pytest.mark.parametrize("num_tokens", [0, 16, 33, 2.5])
-def test_a_token_count_that_does_not_fit_is_refused_before_reserving(num_tokens):
+def test_a_token_count_that_does_not_fit_is_refused_before_reserving(num_tokens, make_manager):
     pool = make_pool()
     manager, mover = make_manager(pool, host_blocks=4, int8=True)
     with pytest.raises(InvalidRequestError, match="num_tokens"):
@@ -100,7 +100,7 @@ def test_a_token_count_that_does_not_fit_is_refused_before_reserving(num_tokens)
     assert manager.num_free_host_blocks() == 4 and mover.calls == 0
 
 
-def test_a_full_pool_is_refused_and_nothing_changes():
+def test_a_full_pool_is_refused_and_nothing_changes(make_manager):
     pool = make_pool()
     manager, mover = make_manager(pool, host_blocks=4)
     manager.swap_out("a", [0, 1, 2]).wait()
@@ -114,7 +114,7 @@ def test_a_full_pool_is_refused_and_nothing_changes():
     assert manager.stats().num_swapped_requests == 1
 
 
-def test_zero_swap_space_refuses_every_swap():
+def test_zero_swap_space_refuses_every_swap(make_manager):
     pool = make_pool()
     manager, _ = make_manager(pool, host_blocks=0)
     with pytest.raises(HostPoolFullError):
@@ -122,7 +122,7 @@ def test_zero_swap_space_refuses_every_swap():
     manager.check_integrity()
 
 
-def test_a_copy_error_surfaces_from_wait_and_frees_the_host_blocks():
+def test_a_copy_error_surfaces_from_wait_and_frees_the_host_blocks(make_manager):
     pool = make_pool()
     manager, mover = make_manager(pool, host_blocks=4)
     mover.fail = "device lost"
@@ -137,7 +137,7 @@ def test_a_copy_error_surfaces_from_wait_and_frees_the_host_blocks():
     assert manager.stats().bytes_swapped_out == 0
 
 
-def test_a_failed_swap_in_keeps_the_host_copy_for_a_retry():
+def test_a_failed_swap_in_keeps_the_host_copy_for_a_retry(make_manager):
     pool = make_pool()
     manager, mover = make_manager(pool, host_blocks=4)
     original = blocks(pool, [0, 1])
@@ -153,7 +153,7 @@ def test_a_failed_swap_in_keeps_the_host_copy_for_a_retry():
     assert manager.num_free_host_blocks() == 4 and manager.stats().bytes_swapped_in > 0
 
 
-def test_a_swap_in_issued_before_its_swap_out_fails_fails_too():
+def test_a_swap_in_issued_before_its_swap_out_fails_fails_too(make_manager):
     pool = make_pool()
     manager, mover = make_manager(pool, host_blocks=4)
     mover.gate.clear()
@@ -169,7 +169,7 @@ def test_a_swap_in_issued_before_its_swap_out_fails_fails_too():
     manager.check_integrity()
 
 
-def test_swap_in_waits_for_its_own_swap_out():
+def test_swap_in_waits_for_its_own_swap_out(make_manager):
     pool = make_pool()
     manager, mover = make_manager(pool, host_blocks=4)
     original = blocks(pool, [2, 3])
@@ -182,7 +182,7 @@ def test_swap_in_waits_for_its_own_swap_out():
     assert out.done() and torch.equal(blocks(pool, [12, 13]), original)
 
 
-def test_free_waits_for_the_copy_in_flight():
+def test_free_waits_for_the_copy_in_flight(make_manager):
     pool = make_pool()
     manager, mover = make_manager(pool, host_blocks=4)
     mover.gate.clear()
@@ -199,7 +199,7 @@ def test_free_waits_for_the_copy_in_flight():
     manager.free("never-seen")
 
 
-def test_swap_out_again_waits_for_the_swap_in_in_flight():
+def test_swap_out_again_waits_for_the_swap_in_in_flight(make_manager):
     pool = make_pool()
     manager, mover = make_manager(pool, host_blocks=4)
     original = blocks(pool, [0, 1])
@@ -216,7 +216,7 @@ def test_swap_out_again_waits_for_the_swap_in_in_flight():
     assert torch.equal(blocks(pool, [6, 7]), original)
 
 
-def test_bad_input_is_refused_and_nothing_changes():
+def test_bad_input_is_refused_and_nothing_changes(make_manager):
     pool = make_pool()
     manager, _ = make_manager(pool, host_blocks=4)
     with pytest.raises(RequestNotHeldError, match="'x' has no KV in the host pool") as err:
@@ -236,7 +236,7 @@ def test_bad_input_is_refused_and_nothing_changes():
     manager.check_integrity()
 
 
-def test_close_finishes_copies_and_then_refuses_work():
+def test_close_finishes_copies_and_then_refuses_work(make_manager):
     pool = make_pool()
     manager, mover = make_manager(pool, host_blocks=4)
     mover.gate.clear()
@@ -249,7 +249,7 @@ def test_close_finishes_copies_and_then_refuses_work():
         manager.swap_out("b", [1])
 
 
-def test_several_workers_keep_every_request_intact():
+def test_several_workers_keep_every_request_intact(make_manager):
     pool = make_pool(num_blocks=32)
     manager, _ = make_manager(pool, host_blocks=16, num_workers=3)
     sources = {f"r{i}": [4 * i, 4 * i + 1, 4 * i + 2] for i in range(4)}

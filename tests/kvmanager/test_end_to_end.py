@@ -11,6 +11,7 @@ from services.executor.runner import InProcessExecutor
 from services.executor.types import ExecutorInput, ScheduledSequence
 from services.kvmanager.config import KVManagerConfig
 from services.kvmanager.core import InProcessKVManager
+from tests.kvmanager.remote import KVManagerStack
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["The quick brown fox jumps over the lazy dog near the river bank",
@@ -61,11 +62,25 @@ def swap_round_trip(executor, manager, alloc, table: list[int], num_tokens: int)
     return new_table
 
 
-def make_manager(executor, int8: bool) -> InProcessKVManager:
-    return InProcessKVManager(KVManagerConfig(0.01, int8=int8), executor, executor.model_info())
+@pytest.fixture
+def make_manager(transport):
+    """The in-process manager over the executor, or the kvmanager service's client with the
+    executor served over gRPC (bytes through shared memory)."""
+    stacks = []
+
+    def make(executor, int8: bool):
+        config = KVManagerConfig(0.01, int8=int8)
+        if transport == "inprocess":
+            return InProcessKVManager(config, executor, executor.model_info())
+        stacks.append(KVManagerStack(executor, config))
+        return stacks[-1].client
+
+    yield make
+    for stack in stacks:
+        stack.stop()
 
 
-def test_swapping_through_the_host_pool_leaves_greedy_tokens_unchanged(executor):
+def test_swapping_through_the_host_pool_leaves_greedy_tokens_unchanged(executor, make_manager):
     manager = make_manager(executor, int8=False)
     for text in PROMPTS:
         prompt = encode(executor, text)
@@ -76,7 +91,7 @@ def test_swapping_through_the_host_pool_leaves_greedy_tokens_unchanged(executor)
     manager.close()
 
 
-def test_int8_swapping_reports_token_agreement(executor, capsys):
+def test_int8_swapping_reports_token_agreement(executor, capsys, make_manager):
     manager = make_manager(executor, int8=True)
     agree = total = 0
     for text in PROMPTS:

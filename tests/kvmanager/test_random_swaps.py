@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from services.executor.kv_cache import BlockAllocator
-from services.kvmanager.interface import HostPoolFullError
 from services.kvmanager.int8 import dequantize, quantize
-from tests.kvmanager.helpers import make_manager, make_pool
+from services.kvmanager.interface import HostPoolFullError
+from tests.kvmanager.helpers import make_pool
 
 DEVICE_BLOCKS, HOST_BLOCKS, STEPS = 24, 10, 300
 
 
 class Run:
-    def __init__(self, seed: int, int8: bool, num_workers: int):
+    def __init__(self, make_manager, seed: int, int8: bool, num_workers: int):
         self.rng = random.Random(seed)
         self.pool = make_pool(num_blocks=DEVICE_BLOCKS, seed=seed)
         self.manager, self.mover = make_manager(self.pool, HOST_BLOCKS, int8=int8,
@@ -101,8 +101,8 @@ class Run:
 
 
 @pytest.mark.parametrize("seed,int8,num_workers", [(0, False, 1), (1, True, 1), (2, False, 2)])
-def test_random_swaps_keep_integrity_and_data(seed, int8, num_workers):
-    run = Run(seed, int8, num_workers)
+def test_random_swaps_keep_integrity_and_data(seed, int8, num_workers, make_manager):
+    run = Run(make_manager, seed, int8, num_workers)
     kinds = set()
     for _ in range(STEPS):
         run.step()
