@@ -4,7 +4,7 @@ from __future__ import annotations
 from lenserve_contract.proto import common_pb2
 from lenserve_contract.sampling_params import SamplingParams
 
-_OPTIONAL = ("temperature", "top_k", "top_p", "seed", "max_tokens", "min_tokens")
+_OPTIONAL = ("temperature", "top_k", "top_p", "seed", "max_tokens", "min_tokens", "detokenize")
 
 
 def sampling_params_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:

@@ -19,6 +19,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # False: token ids only, no text (vLLM's name); benchmarks that count tokens skip the
+    # per-token detokenizing cost. Stop strings need text, so they need it on.
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -35,7 +38,8 @@ class SamplingParams:
         # messages.
         if (self.temperature >= 0.0 and (self.top_k == -1 or self.top_k >= 0)
                 and 0.0 < self.top_p <= 1.0 and 0 <= self.min_tokens <= self.max_tokens
-                and self.max_tokens >= 1 and all(isinstance(s, str) and s for s in self.stop)):
+                and self.max_tokens >= 1 and all(isinstance(s, str) and s for s in self.stop)
+                and (self.detokenize or not self.stop)):
             return
         checks = [
             (self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}"),
@@ -45,6 +49,7 @@ class SamplingParams:
             (0 <= self.min_tokens <= self.max_tokens, "min_tokens",
              f"must be in [0, max_tokens], got {self.min_tokens}"),
             (all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty"),
+            (self.detokenize or not self.stop, "stop", "stop strings need detokenize=True"),
         ]
         for ok, name, why in checks:
             if not ok:

@@ -256,14 +256,15 @@ class EngineCore:
         new_tokens = request.token_ids[request.num_prompt_tokens + stream.num_sent:]
         # Without a tokenizer there is no text (a simulator, a token-ids client): no
         # detokenizing, and no stop strings to match.
-        if new_tokens and self.tokenizer is not None:
+        detokenize = self.tokenizer is not None and request.sampling_params.detokenize
+        if new_tokens and detokenize:
             stop = stream.detok.add_tokens(new_tokens)
             if stop is not None:
                 self.scheduler.finish_request(request, FinishReason.STOP, stop)
         finished = request.is_finished
         start = stream.num_sent if stream.delta else 0
         stream.num_sent += len(new_tokens)
-        text = (stream.detok.take_delta(finished) if stream.delta
+        text = ("" if not detokenize else stream.detok.take_delta(finished) if stream.delta
                 else stream.detok.visible_text(finished))
         completion = CompletionOutput(
             index=0, text=text, token_ids=request.output_token_ids[start:],

@@ -21,6 +21,20 @@ def test_llm_generate_keeps_prompt_order_and_accepts_token_ids():
     assert all(len(o.outputs[0].token_ids) == 6 and o.outputs[0].text for o in by_text)
 
 
+def test_detokenize_off_gives_the_same_tokens_and_no_text():
+    llm = LLM("fake", num_gpu_blocks=64, block_size=4, max_model_len=64)
+    on = llm.generate(["one", "two"], SamplingParams(max_tokens=5, temperature=0))
+    off = llm.generate(["one", "two"], SamplingParams(max_tokens=5, temperature=0,
+                                                      detokenize=False))
+    assert [o.outputs[0].token_ids for o in off] == [o.outputs[0].token_ids for o in on]
+    assert all(o.outputs[0].text for o in on) and not any(o.outputs[0].text for o in off)
+
+
+def test_stop_strings_without_detokenizing_are_refused():
+    with pytest.raises(InvalidRequestError, match="detokenize"):
+        SamplingParams(stop=["x"], detokenize=False)
+
+
 def test_llm_bad_prompt_names_its_index_and_runs_nothing():
     llm = LLM("fake", num_gpu_blocks=64, block_size=4, max_model_len=64)
     with pytest.raises(InvalidRequestError, match="prompt 1: prompt is empty"):

@@ -17,7 +17,8 @@ def full_input() -> ExecutorInput:
     params = SamplingParams(temperature=0.5, top_k=7, top_p=0.9, seed=3, max_tokens=11,
                             min_tokens=2, stop=["x", "yz"], stop_token_ids=[4, 5], ignore_eos=True)
     seqs = [ScheduledSequence("a", [1, 2, 3], 0, [4, 5], False, params, 0, False),
-            ScheduledSequence("b", [9], 17, [8], True, SamplingParams(), 3, True)]
+            ScheduledSequence("b", [9], 17, [8], True, SamplingParams(detokenize=False), 3,
+                              True)]
     return ExecutorInput(iteration=41, sequences=seqs, copy_blocks=[(1, 2), (3, 4)],
                          finished_request_ids=["gone", "also-gone"], waves=[[1], [0]],
                          swap_out=[(5, 0), (6, 1)], swap_in=[(2, 9)], swap_buffer="shm-x")

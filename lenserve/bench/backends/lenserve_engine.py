@@ -45,7 +45,9 @@ class LenserveBackend(Backend):
     def submit(self, request: BenchRequest, arrival_time: float) -> None:
         key = self.unique_key(request)
         # Outputs are forced to the dataset's length, as the papers and vLLM's benchmark do.
-        params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0)
+        # Token ids only: the report counts tokens (hf-* backends produce no text either).
+        params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0,
+                                detokenize=False)
         try:
             self.engine.add_request(key, prompt_token_ids=list(request.prompt_token_ids),
                                     sampling_params=params, arrival_time=arrival_time,
