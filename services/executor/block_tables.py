@@ -24,7 +24,8 @@ class BlockTables:
                 raise InvalidRequestError(
                     f"request {seq.request_id!r} sends a block-table delta but the executor "
                     "holds no table for it; send the whole table", field="block_table")
-            tables.append(known + seq.block_table)
+            # Tables are never changed in place, so an empty delta shares the stored list.
+            tables.append(known + seq.block_table if seq.block_table else known)
         return tables
 
     def commit(self, batch: ExecutorInput, tables: list[list[int]]) -> None:

@@ -10,43 +10,11 @@ from engine_helpers import make_engine, run_to_completion
 
 from lenserve_contract.sampling_params import SamplingParams
 from services.scheduler.policies import POLICIES
-from services.scheduler.policies.vllm import VllmPolicy
+from tests.swap_policies import RandomSwapPolicy
 
 # The fake executor's host block is 64 bytes (block_size 4, int64 ids, K and V): 2 KiB hold
 # 32 blocks, too few for every preempted request, so refusals happen too.
 SMALL_HOST_GIB = 2048 / 2**30
-
-
-class RandomSwapPolicy(VllmPolicy):
-    """vLLM plus random swaps: each iteration may swap a running request out and swapped
-    ones back in, so swaps hit every phase of a request."""
-
-    name = "test-random-swap"
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.rng = random.Random(7)
-        self.swapped: list = []
-
-    def schedule(self, state, budget):
-        output = state.new_output()
-        running = list(state.running.values())
-        if running and self.rng.random() < 0.3:
-            victim = self.rng.choice(running)
-            if victim.num_computed_tokens and state.swap_out(victim, output):
-                self.swapped.append(victim)
-                return output
-        for req in list(self.swapped):
-            if state.swap_in(req, output):
-                self.swapped.remove(req)
-        if output.swapped_in:
-            return output
-        return super().schedule(state, budget)
-
-    def remove_request(self, request):
-        if request in self.swapped:
-            self.swapped.remove(request)
-        super().remove_request(request)
 
 
 def workload(seed: int, n: int = 20):

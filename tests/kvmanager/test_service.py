@@ -28,40 +28,19 @@ from services.kvmanager.config import KVManagerConfig
 from services.kvmanager.servicer import SERVICE_NAME
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.policies import POLICIES
-from services.scheduler.policies.vllm import VllmPolicy
 from services.scheduler.wiring import EngineConfig, scheduler_config
 from tests.kvmanager.remote import KVManagerStack
+from tests.swap_policies import RandomSwapPolicy as EngineRandomSwapPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST_GIB = 2048 / 2**30      # 32 host blocks of the fake executor (64 bytes each)
 
 
-class RandomSwapPolicy(VllmPolicy):
-    """vLLM plus random swaps, so that swaps hit every phase of a request."""
+class RandomSwapPolicy(EngineRandomSwapPolicy):
+    """vLLM plus random swaps (the engine tests' policy), under its own name and seed."""
 
     name = "test-service-random-swap"
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.rng, self.swapped = random.Random(3), []
-
-    def schedule(self, state, budget):
-        output = state.new_output()
-        running = list(state.running.values())
-        if running and self.rng.random() < 0.3:
-            victim = self.rng.choice(running)
-            if victim.num_computed_tokens and state.swap_out(victim, output):
-                self.swapped.append(victim)
-                return output
-        for req in list(self.swapped):
-            if state.swap_in(req, output):
-                self.swapped.remove(req)
-        return output if output.swapped_in else super().schedule(state, budget)
-
-    def remove_request(self, request):
-        if request in self.swapped:
-            self.swapped.remove(request)
-        super().remove_request(request)
+    seed = 3
 
 
 def fake_executor() -> FakeExecutor:
