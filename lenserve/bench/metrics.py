@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -74,7 +74,9 @@ class RequestRecord:
                              self.error, self.num_tokens)
 
     def to_json(self) -> dict:
-        data = asdict(self)
+        # Fields copied one level deep (asdict deep-copies every token time).
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["token_times"] = list(self.token_times)
         if self.success:
             data.update(ttft=self.ttft, tpot=self.tpot, e2el=self.e2el, jct=self.jct,
                         latency_bound=max(self.itls, default=0.0))
