@@ -84,7 +84,7 @@ def test_a_paused_request_is_offloaded_only_when_its_estimated_wait_is_long(swap
                                                  (1, RequestStatus.PREEMPTED),
                                                  (0, RequestStatus.PREEMPTED)])
 def test_an_evicted_request_is_swapped_unless_the_host_tier_is_full(host_blocks, status):
-    s, c, d = _three_residents_and_a_queued(host_blocks, [], d_predicted=2)
+    s, c, _d = _three_residents_and_a_queued(host_blocks, [], d_predicted=2)
     out, _ = step(s)
     assert c.status is status and "d" in scheduled(out)
     while not c.is_finished:

@@ -135,7 +135,7 @@ def test_batched_counting_matches_one_text_at_a_time():
     from services.executor.models.loader import preset_tokenizer
 
     tok = preset_tokenizer()
-    words = "paged attention keeps the kv cache in blocks".split()
+    words = ["paged", "attention", "keeps", "the", "kv", "cache", "in", "blocks"]
     samples = [Sample(prompt=" ".join(words[: 1 + i % 9] * (1 + i % 4)),
                       reference=" ".join(words[i % 5:] * (1 + i % 3))) for i in range(60)]
     cfg = SampleConfig(num_prompts=25, seed=4, max_prompt_len=20, max_total_len=40)
