@@ -153,7 +153,8 @@ class RankedPolicy(Policy):
                 self._evict(state, output, p, victim)
                 # As in vLLM: no admissions in an iteration that evicted for memory.
                 p.queue_blocked = True
-        output.add(req, n)
+        output.scheduled.append((req, n))      # output.add, inlined
+        output.num_batched_tokens += n
         p.tokens -= n
         self._on_served(req, state)
 
