@@ -108,8 +108,9 @@ class Scheduler:
         for rid, _ in output.swapped_out:
             self._drop_table(rid)
         for request, _ in output.scheduled:
-            if request.metrics.first_scheduled_time is None:
-                request.metrics.first_scheduled_time = now
+            metrics = request.metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
         return output
 
     def release_swapped_blocks(self) -> None:
@@ -162,19 +163,20 @@ class Scheduler:
         max_model_len = self.config.max_model_len
         updated = []
         # Runs for every scheduled request on every iteration: one pass, everything in locals.
+        running, token_of, add = _RUNNING, sampled.get, updated.append
         for req, n in output.scheduled:
-            if req.status is not _RUNNING:
+            if req.status is not running:
                 continue    # aborted while the iteration ran
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
             tokens = req.token_ids
             if computed < len(tokens):
                 continue    # a prefill chunk that does not end the prompt samples nothing
-            token = sampled.get(req.request_id)
+            token = token_of(req.request_id)
             if token is None:
                 req.error = f"executor returned no token for iteration {output.iteration}"
                 self.finish_request(req, FinishReason.ERROR)
-                updated.append(req)
+                add(req)
                 continue
             tokens.append(token)
             num_tokens = computed + 1       # all tokens were computed, one was appended
@@ -191,7 +193,7 @@ class Scheduler:
                   or num_tokens >= max_model_len):
                 # What _stop_condition decides for a token that stops nothing by itself.
                 self.finish_request(req, FinishReason.LENGTH)
-            updated.append(req)
+            add(req)
         self.policy.update(output, updated, result)
         return updated
 

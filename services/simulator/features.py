@@ -54,11 +54,12 @@ def from_scheduled(scheduled: Sequence[tuple[Any, int]]) -> tuple[IterationFeatu
     ``ExecutorInput`` built from that plan."""
     tokens = context = pairs = 0
     sampled_ids = []
+    sample = sampled_ids.append
     for req, q in scheduled:
         done = req.num_computed_tokens
         end = done + q
         if end == len(req.token_ids):
-            sampled_ids.append(req.request_id)
+            sample(req.request_id)
         tokens += q
         context += end
         pairs += q * (done + end + 1)       # twice attended_pairs(q, done), in integers
