@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -80,12 +81,23 @@ def format_report(results: list[dict]) -> str:
 
 
 def write_json(path: str | Path, config: dict, results: list[dict], runs: Sequence[BackendRun]) -> None:
-    """The config, each run's summary, and each run's per-request records."""
+    """The config, each run's summary, and each run's per-request records, one per line:
+    indenting every token time made large runs' files long and slow to write."""
+    marker = f"@requests-{uuid.uuid4().hex}@"
     entries = [{**result, "profile": run.profile.as_dict() if run.profile else None,
-                "requests": [rec.to_json() for rec in run.records]}
-               for result, run in zip(results, runs)]
-    text = json.dumps(_plain({"config": config, "runs": entries}), indent=1, default=str)
-    Path(path).write_text(text)
+                "requests": marker} for result, run in zip(results, runs)]
+    head = json.dumps(_plain({"config": config, "runs": entries}), indent=1, default=str)
+    parts = head.split(json.dumps(marker))
+    assert len(parts) == len(runs) + 1, "the records' marker appears in the config"
+    with open(path, "w") as f:
+        f.write(parts[0])
+        for run, rest in zip(runs, parts[1:]):
+            f.write("[")
+            for i, rec in enumerate(run.records):
+                f.write(",\n" if i else "\n")
+                f.write(json.dumps(_plain(rec.to_json()), default=str))
+            f.write("\n]" if run.records else "]")
+            f.write(rest)
 
 
 def format_profiles(runs: Sequence[BackendRun]) -> str:
@@ -101,8 +113,17 @@ def _plain(value):
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return value if _finite_numbers(value) else [_plain(v) for v in value]
     return value
+
+
+def _finite_numbers(values) -> bool:
+    """All plain finite numbers (token times): a sum that is finite has no NaN or infinity in
+    it, so such a list is written as it is, without a call per element."""
+    try:
+        return math.isfinite(sum(values))
+    except (TypeError, OverflowError):
+        return False
 
 
 def plot_normalized_latency(path: str | Path, results: list[dict]) -> None:

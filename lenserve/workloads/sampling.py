@@ -19,6 +19,8 @@ import numpy as np
 from lenserve.workloads.arrivals import synthetic_offsets, trace_offsets
 from lenserve.workloads.types import BenchRequest, Sample, Workload
 
+_BATCH = 256      # texts per tokenizer call
+
 
 @dataclass(frozen=True)
 class SampleConfig:
@@ -86,16 +88,39 @@ def _encode(tokenizer: Any, text: str, special: bool) -> list[int]:
         return list(tokenizer.encode(text))
 
 
-def _lengths(sample: Sample, tokenizer: Any, cfg: SampleConfig) -> tuple[tuple[int, ...] | None, int]:
-    """Prompt ids (None for length traces, synthesised later) and the output length."""
-    if sample.prompt is None:
-        output_len = sample.output_len or 0
-        return None, cfg.fixed_output_len or output_len
-    if tokenizer is None:
+def _encode_batch(tokenizer: Any, texts: list[str], special: bool) -> list[list[int]]:
+    """``_encode`` of each text; a Hugging Face tokenizer takes them in one call (the same ids,
+    without the per-call overhead that dominated building large workloads)."""
+    if texts and hasattr(tokenizer, "model_max_length") and callable(tokenizer):
+        out = tokenizer(texts, add_special_tokens=special, verbose=False,
+                        return_attention_mask=False, return_token_type_ids=False)
+        return [list(ids) for ids in out["input_ids"]]
+    return [_encode(tokenizer, text, special) for text in texts]
+
+
+def _lengths(batch: Sequence[Sample], tokenizer: Any, cfg: SampleConfig
+             ) -> list[tuple[tuple[int, ...] | None, int]]:
+    """Prompt ids (None for length traces, synthesised later) and the output length of each
+    sample. A reference is counted only when its prompt could fit (else it is never used)."""
+    texts = [i for i, sample in enumerate(batch) if sample.prompt is not None]
+    if texts and tokenizer is None:
         raise ValueError("a tokenizer is needed to count the tokens of a text dataset")
-    ids = tuple(_encode(tokenizer, sample.prompt, special=True))
-    output_len = cfg.fixed_output_len or len(_encode(tokenizer, sample.reference or "", special=False))
-    return ids, output_len
+    prompts = _encode_batch(tokenizer, [batch[i].prompt for i in texts], special=True)
+    ids: dict[int, tuple[int, ...]] = {i: tuple(p) for i, p in zip(texts, prompts)}
+    counted = [] if cfg.fixed_output_len else [i for i in texts if _prompt_fits(len(ids[i]), cfg)]
+    replies = _encode_batch(tokenizer, [batch[i].reference or "" for i in counted], special=False)
+    reply_len = {i: len(r) for i, r in zip(counted, replies)}
+    out: list[tuple[tuple[int, ...] | None, int]] = []
+    for i, sample in enumerate(batch):
+        if sample.prompt is None:
+            out.append((None, cfg.fixed_output_len or sample.output_len or 0))
+        else:
+            out.append((ids[i], cfg.fixed_output_len or reply_len.get(i, 0)))
+    return out
+
+
+def _prompt_fits(prompt_len: int, cfg: SampleConfig) -> bool:
+    return cfg.min_len <= prompt_len <= cfg.max_prompt_len and prompt_len < cfg.max_total_len
 
 
 def _fits(prompt_len: int, output_len: int, cfg: SampleConfig) -> bool:
@@ -119,19 +144,26 @@ def sample_requests(samples: Sequence[Sample], cfg: SampleConfig, tokenizer: Any
     """``cfg.num_prompts`` requests (arrival offsets still 0) with the samples they came from;
     the same seed gives the same requests."""
     synth, chosen = None, []
-    for index in _candidate_order(samples, cfg):
-        sample = samples[index]
-        ids, output_len = _lengths(sample, tokenizer, cfg)
-        prompt_len = len(ids) if ids is not None else (sample.prompt_len or 0)
-        if not _fits(prompt_len, output_len, cfg):
-            continue
-        if ids is None:
-            synth = synth or _Synthesiser(tokenizer, vocab_size, cfg.seed)
-            ids = synth.ids(index, prompt_len)
-        request = BenchRequest(f"req-{len(chosen)}", ids, output_len, prompt=sample.prompt)
-        chosen.append((request, sample))
-        if len(chosen) == cfg.num_prompts:
-            return chosen
+    order = _candidate_order(samples, cfg)
+    start = 0
+    while start < len(order):
+        # Tokenized in batches about as large as what is still missing (a few are wasted).
+        size = min(_BATCH, max(8, cfg.num_prompts - len(chosen)))
+        batch = order[start:start + size]
+        start += size
+        for index, (ids, output_len) in zip(batch, _lengths([samples[i] for i in batch],
+                                                            tokenizer, cfg)):
+            sample = samples[index]
+            prompt_len = len(ids) if ids is not None else (sample.prompt_len or 0)
+            if not _fits(prompt_len, output_len, cfg):
+                continue
+            if ids is None:
+                synth = synth or _Synthesiser(tokenizer, vocab_size, cfg.seed)
+                ids = synth.ids(index, prompt_len)
+            request = BenchRequest(f"req-{len(chosen)}", ids, output_len, prompt=sample.prompt)
+            chosen.append((request, sample))
+            if len(chosen) == cfg.num_prompts:
+                return chosen
     if cfg.repeat and chosen:
         return _cycled(chosen, cfg.num_prompts)
     raise ValueError(f"only {len(chosen)} of {len(samples)} records fit the length limits "

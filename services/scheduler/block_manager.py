@@ -44,6 +44,12 @@ class BlockManager:
         """The request's blocks in position order (the live list: copy before handing it out)."""
         return self._tables.get(request_id, _EMPTY)
 
+    @property
+    def tables(self) -> dict[str, list[int]]:
+        """Every request's live table (read only: a policy's hot loop checks whether a table
+        already holds its tokens before asking ``allocate_slots``)."""
+        return self._tables
+
     def num_blocks_of(self, request_id: str) -> int:
         return len(self._tables.get(request_id, _EMPTY))
 
@@ -69,6 +75,8 @@ class BlockManager:
         """Grow the request's table to hold ``num_tokens`` tokens. All or nothing: on False
         nothing changed."""
         table = self._tables.get(request_id)
+        if table is not None and num_tokens <= len(table) * self.block_size:
+            return True     # the common case: a decode step within its last block
         have = len(table) if table is not None else 0
         need = -(-num_tokens // self.block_size) - have
         if need <= 0:

@@ -62,6 +62,11 @@ class EngineCore:
             raise ValueError("finished_outputs_only skips detokenizing and stop strings: "
                              "it is for engines without a tokenizer")
         self.finished_outputs_only = finished_outputs_only
+        # An in-process executor that only times a batch (the simulator's cost model) may read
+        # the scheduler's plan itself through ``execute_scheduled(iteration, scheduled)``: it
+        # needs no token ids or block tables, and building one ScheduledSequence per request
+        # per iteration was most of a simulated run's time. It must not change the requests.
+        self._execute_scheduled = getattr(executor, "execute_scheduled", None)
         self._streams: dict[str, _Stream] = {}
         self._swap_outs: list[SwapHandle] = []
         self.profile = StepProfile()
@@ -161,8 +166,7 @@ class EngineCore:
         failed = self._start_swaps(out)
         t2 = time.perf_counter()
         try:
-            result = (self.executor.execute(scheduler.make_executor_input(out)) if out.scheduled
-                      else ExecutorOutput(out.iteration, {}))
+            result = self._execute(out) if out.scheduled else ExecutorOutput(out.iteration, {})
         except Exception as exc:
             if isinstance(exc, ExecutorUnavailableError):
                 logger.error("iteration %d failed: %s", out.iteration, exc)
@@ -175,7 +179,8 @@ class EngineCore:
         self._finish_swap_outs()
         updated = scheduler.update_from_output(out, result, self.clock())
         if self.finished_outputs_only:
-            updated = [r for r in updated if r.is_finished]
+            # finish_reason is set exactly when a request finishes (cheaper than is_finished).
+            updated = [r for r in updated if r.finish_reason is not None]
         outputs = failed + [self._make_output(r) for r in updated]
         if self.check_integrity:
             self._check_integrity()
@@ -184,6 +189,11 @@ class EngineCore:
         if self.predictions is not None:
             self.profile.predictor_s = self.predictions.busy_s
         return outputs
+
+    def _execute(self, out: SchedulerOutput) -> ExecutorOutput:
+        if self._execute_scheduled is not None:
+            return self._execute_scheduled(out.iteration, out.scheduled)
+        return self.executor.execute(self.scheduler.make_executor_input(out))
 
     def _apply_predictions(self) -> None:
         if self.predictions is None:

@@ -15,6 +15,10 @@ from lenserve_contract.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
+    # Members are singletons compared by identity: hash them as objects (in C) rather than by
+    # Enum's Python-level hash of the name, which sat on the per-token path.
+    __hash__ = object.__hash__
+
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"     # KV dropped; waits to be recomputed
@@ -30,6 +34,8 @@ class RequestStatus(enum.Enum):
 
 
 class FinishReason(enum.Enum):
+    __hash__ = object.__hash__
+
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
@@ -69,6 +75,7 @@ class Request:
         "metrics",
         "num_computed_tokens",
         "num_preemptions",
+        "num_prompt_tokens",
         "prediction",
         "priority",
         "prompt_token_ids",
@@ -86,6 +93,8 @@ class Request:
                  priority: int = 0, slo_deadline_s: float | None = None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
+        # The prompt never changes; its length is read for every request on every iteration.
+        self.num_prompt_tokens = len(self.prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id
         # Prompt followed by outputs: recompute after preemption prefills all of it.
@@ -110,20 +119,16 @@ class Request:
         return None if self.prediction is None else self.prediction.length
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - len(self.prompt_token_ids)
+        return len(self.token_ids) - self.num_prompt_tokens
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_token_ids):]
+        return self.token_ids[self.num_prompt_tokens:]
 
     @property
     def is_finished(self) -> bool:

@@ -14,6 +14,8 @@ from services.scheduler.policy import Policy
 from services.scheduler.request import FinishReason, Prediction, Request, RequestStatus
 from services.scheduler.state import SchedulerState
 
+_RUNNING = RequestStatus.RUNNING
+
 
 @dataclass(frozen=True)
 class SchedulerStats:
@@ -106,8 +108,9 @@ class Scheduler:
         for rid, _ in output.swapped_out:
             self._drop_table(rid)
         for request, _ in output.scheduled:
-            if request.metrics.first_scheduled_time is None:
-                request.metrics.first_scheduled_time = now
+            metrics = request.metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
         return output
 
     def release_swapped_blocks(self) -> None:
@@ -126,24 +129,30 @@ class Scheduler:
             self._forget.append(request_id)
 
     def make_executor_input(self, output: SchedulerOutput) -> ExecutorInput:
-        seqs = [self._sequence(req, n) for req, n in output.scheduled]
+        bm, sent_tables = self.state.block_manager, self._sent
+        table_of, epoch_of = bm.block_table, bm.epoch
+        seqs = []
+        # One pass with everything in locals: this runs for every request on every iteration.
+        for req, n in output.scheduled:
+            rid, tokens = req.request_id, req.token_ids
+            start = req.num_computed_tokens
+            end = start + n
+            table, epoch = table_of(rid), epoch_of(rid)
+            sent = sent_tables.get(rid)
+            # Only blocks appended since the last call travel, unless the table was rewritten.
+            if sent is not None and sent[0] == epoch:
+                blocks, delta = table[sent[1]:], True
+                if blocks:
+                    sent_tables[rid] = (epoch, len(table))
+            else:
+                blocks, delta = list(table), False
+                sent_tables[rid] = (epoch, len(table))
+            seqs.append(ScheduledSequence(rid, tokens[start:end], start, blocks,
+                                          end == len(tokens), req.sampling_params,
+                                          len(tokens) - req.num_prompt_tokens, delta))
         forget, self._forget = self._forget, []
         return ExecutorInput(iteration=output.iteration, sequences=seqs,
                              finished_request_ids=forget, waves=output.waves)
-
-    def _sequence(self, req: Request, n: int) -> ScheduledSequence:
-        rid, bm = req.request_id, self.state.block_manager
-        start = req.num_computed_tokens
-        end = start + n
-        table, epoch = bm.block_table(rid), bm.epoch(rid)
-        sent = self._sent.get(rid)
-        # Only blocks appended since the last call travel, unless the table was rewritten.
-        delta = sent is not None and sent[0] == epoch
-        blocks = table[sent[1]:] if delta else list(table)
-        self._sent[rid] = (epoch, len(table))
-        return ScheduledSequence(rid, req.token_ids[start:end], start, blocks,
-                                 end == len(req.token_ids), req.sampling_params,
-                                 len(req.token_ids) - req.num_prompt_tokens, delta)
 
     def update_from_output(self, output: SchedulerOutput, result: ExecutorOutput,
                            now: float) -> list[Request]:
@@ -151,32 +160,42 @@ class Scheduler:
         condition. Returns the requests that got a token or finished."""
         self.state.now = now
         sampled = result.sampled
+        max_model_len = self.config.max_model_len
         updated = []
+        # Runs for every scheduled request on every iteration: one pass, everything in locals.
+        running, token_of, add = _RUNNING, sampled.get, updated.append
         for req, n in output.scheduled:
-            if req.status is not RequestStatus.RUNNING:
+            if req.status is not running:
                 continue    # aborted while the iteration ran
-            req.num_computed_tokens += n
-            if req.num_computed_tokens < len(req.token_ids):
+            computed = req.num_computed_tokens + n
+            req.num_computed_tokens = computed
+            tokens = req.token_ids
+            if computed < len(tokens):
                 continue    # a prefill chunk that does not end the prompt samples nothing
-            token = sampled.get(req.request_id)
+            token = token_of(req.request_id)
             if token is None:
                 req.error = f"executor returned no token for iteration {output.iteration}"
                 self.finish_request(req, FinishReason.ERROR)
-            else:
-                self._append_token(req, token, now)
-            updated.append(req)
+                add(req)
+                continue
+            tokens.append(token)
+            num_tokens = computed + 1       # all tokens were computed, one was appended
+            metrics = req.metrics
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.token_times.append(now)
+            params = req.sampling_params
+            if token == req.eos_token_id or token in params.stop_token_ids:
+                reason, stop_reason = self._stop_condition(req, token)
+                if reason is not None:
+                    self.finish_request(req, reason, stop_reason)
+            elif (num_tokens - req.num_prompt_tokens >= params.max_tokens
+                  or num_tokens >= max_model_len):
+                # What _stop_condition decides for a token that stops nothing by itself.
+                self.finish_request(req, FinishReason.LENGTH)
+            add(req)
         self.policy.update(output, updated, result)
         return updated
-
-    def _append_token(self, req: Request, token: int, now: float) -> None:
-        req.token_ids.append(token)
-        metrics = req.metrics
-        if metrics.first_token_time is None:
-            metrics.first_token_time = now
-        metrics.token_times.append(now)
-        reason, stop_reason = self._stop_condition(req, token)
-        if reason is not None:
-            self.finish_request(req, reason, stop_reason)
 
     def _stop_condition(self, req: Request, token: int) -> tuple[FinishReason | None, int | None]:
         params = req.sampling_params

@@ -8,7 +8,7 @@ import torch
 from services.executor.interface import Executor
 from services.executor.types import ExecutorInput, ExecutorOutput, IterationTimings, ModelInfo
 from services.simulator.cost_model import CostModel
-from services.simulator.features import from_input
+from services.simulator.features import IterationFeatures, from_input, from_scheduled
 from services.simulator.shapes import ModelShape
 
 
@@ -49,13 +49,25 @@ class SimExecutor(Executor):
             eos_token_id=s.eos_token_id, dtype=s.dtype, attention_backend="cost-model")
 
     def execute(self, batch: ExecutorInput) -> ExecutorOutput:
-        seconds = self.cost.iteration_s(from_input(batch)) if batch.sequences else 0.0
+        features = from_input(batch) if batch.sequences else None
+        return self._run(batch.iteration, features,
+                         [s.request_id for s in batch.sequences if s.sample])
+
+    def execute_scheduled(self, iteration: int, scheduled) -> ExecutorOutput:
+        """``execute`` on the scheduler's plan itself, ``(request, tokens fed)`` pairs, which
+        the engine hands an executor that has this method: the same result without an
+        ``ExecutorInput`` (token ids and block tables a cost model never reads). Reads the
+        requests, never changes them."""
+        features, sampled_ids = from_scheduled(scheduled) if scheduled else (None, [])
+        return self._run(iteration, features, sampled_ids)
+
+    def _run(self, iteration: int, features: IterationFeatures | None,
+             sampled_ids: list[str]) -> ExecutorOutput:
+        seconds = self.cost.iteration_s(features) if features is not None else 0.0
         self.clock.advance(seconds)
         self.busy_s += seconds
         self.num_calls += 1
-        token = self.token
-        sampled = {s.request_id: token for s in batch.sequences if s.sample}
-        return ExecutorOutput(batch.iteration, sampled,
+        return ExecutorOutput(iteration, dict.fromkeys(sampled_ids, self.token),
                               timings=IterationTimings(forward_s=seconds, total_s=seconds))
 
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor:

@@ -2,7 +2,8 @@
 profiler measures and the cost models read."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from services.executor.types import ExecutorInput
 
@@ -45,3 +46,25 @@ def from_input(batch: ExecutorInput) -> IterationFeatures:
         context += done + q
         attended += q * done + q * (q + 1) / 2
     return IterationFeatures(tokens, sampled, attended, len(batch.sequences), context)
+
+
+def from_scheduled(scheduled: Sequence[tuple[Any, int]]) -> tuple[IterationFeatures, list[str]]:
+    """Features of a batch read from the scheduler's plan, ``(request, tokens fed)`` pairs,
+    and the ids of the requests it samples: what ``from_input`` counts in the
+    ``ExecutorInput`` built from that plan."""
+    tokens = context = pairs = 0
+    sampled_ids = []
+    sample = sampled_ids.append
+    for req, q in scheduled:
+        done = req.num_computed_tokens
+        end = done + q
+        if end == len(req.token_ids):
+            sample(req.request_id)
+        tokens += q
+        context += end
+        pairs += q * (done + end + 1)       # twice attended_pairs(q, done), in integers
+    # Exact: every partial sum is an integer below 2**53, so this is the float from_input adds
+    # up sequence by sequence.
+    attended = pairs / 2
+    return (IterationFeatures(tokens, len(sampled_ids), attended, len(scheduled), context),
+            sampled_ids)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from lenserve.bench.metrics import RequestRecord
 from lenserve.bench.report import format_report, plot_normalized_latency, summarize_runs, write_json
 from lenserve.bench.runner import BackendRun
@@ -45,6 +47,23 @@ def test_json_is_strict_and_holds_requests(tmp_path):
     assert [r["request_id"] for r in entry["requests"]] == ["r0", "r1"]
     assert entry["requests"][0]["ttft"] == 0.1 and entry["requests"][1]["error"] == "failed"
     assert data["config"] == {"num_prompts": 2}
+
+
+def test_json_keeps_each_record_on_one_line_and_non_finite_times_strict(tmp_path):
+    odd = RequestRecord("r2", 4, 3, 0.0, [0.1, math.nan, math.inf], 0.4, error="odd clock")
+    runs = [run("a", 1.0), BackendRun("b", 2.0, 1.0, [odd, *run("b", 2.0).records]),
+            BackendRun("c", 3.0, 1.0, [])]
+    path = tmp_path / "r.json"
+    write_json(path, {"note": "@requests-x@"}, summarize_runs(runs, {}), runs)
+    text = path.read_text()
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"constant {c} written"))
+    assert [len(e["requests"]) for e in data["runs"]] == [2, 3, 0]
+    assert data["runs"][1]["requests"][0]["token_times"] == [0.1, None, "inf"]
+    assert data["runs"][0]["requests"][0] == run("a", 1.0).records[0].to_json()
+    assert data["config"] == {"note": "@requests-x@"}
+    records = [json.loads(line.rstrip(",")) for line in text.splitlines()
+               if line.startswith('{"request_id"')]
+    assert records == [r for e in data["runs"] for r in e["requests"]]
 
 
 def test_sweep_figure_is_a_png(tmp_path):

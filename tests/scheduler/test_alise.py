@@ -84,7 +84,7 @@ def test_a_paused_request_is_offloaded_only_when_its_estimated_wait_is_long(swap
                                                  (1, RequestStatus.PREEMPTED),
                                                  (0, RequestStatus.PREEMPTED)])
 def test_an_evicted_request_is_swapped_unless_the_host_tier_is_full(host_blocks, status):
-    s, c, d = _three_residents_and_a_queued(host_blocks, [], d_predicted=2)
+    s, c, _d = _three_residents_and_a_queued(host_blocks, [], d_predicted=2)
     out, _ = step(s)
     assert c.status is status and "d" in scheduled(out)
     while not c.is_finished:
@@ -126,3 +126,24 @@ def test_the_time_model_recovers_known_coefficients():
     assert model.fitted
     assert model.coefficients == pytest.approx((t0, alpha, beta, c), rel=1e-3)
     assert model.estimate(100, 50, 10) == pytest.approx(100 * t0 + 10 * (alpha * 50 + beta))
+
+
+def test_the_queues_head_follows_every_push_and_discard():
+    from services.scheduler.policies.alise_queues import PriorityQueues
+
+    queues = PriorityQueues(num_queues=4, base_s=1.0)
+    a, b, c = (make_request(rid, 4) for rid in "abc")
+    assert queues.head() is None
+    queues.push(a, key=5.0, aged_s=5.0, work_s=5.0)
+    assert queues.head() == (5.0, a)
+    queues.push(b, key=0.5, aged_s=0.5, work_s=0.5)       # a better one, in another queue
+    assert queues.head() == (0.5, b)
+    queues.push(b, key=9.0, aged_s=9.0, work_s=9.0)       # re-ranked behind a
+    assert queues.head() == (5.0, a)
+    queues.push(c, key=2.0, aged_s=5.0, work_s=5.0)       # same queue as a, better key
+    assert queues.head() == (2.0, c)
+    assert queues.discard(c) and queues.head() == (5.0, a)
+    assert not queues.discard(c) and queues.head() == (5.0, a)
+    queues.discard(a)
+    queues.discard(b)
+    assert queues.head() is None and len(queues) == 0

@@ -129,3 +129,29 @@ def test_real_tokenizer_counts_match_its_encoding():
     ((request, _),) = sample_requests(samples, SampleConfig(num_prompts=1), tok)
     assert request.output_len == len(tok.encode(samples[0].reference, add_special_tokens=False))
     assert list(request.prompt_token_ids) == tok.encode(samples[0].prompt)
+
+
+def test_batched_counting_matches_one_text_at_a_time():
+    from services.executor.models.loader import preset_tokenizer
+
+    tok = preset_tokenizer()
+    words = ["paged", "attention", "keeps", "the", "kv", "cache", "in", "blocks"]
+    samples = [Sample(prompt=" ".join(words[: 1 + i % 9] * (1 + i % 4)),
+                      reference=" ".join(words[i % 5:] * (1 + i % 3))) for i in range(60)]
+    cfg = SampleConfig(num_prompts=25, seed=4, max_prompt_len=20, max_total_len=40)
+    chosen = sample_requests(samples, cfg, tok)
+    expected = []
+    for i in _order(len(samples), cfg.seed):       # the same filter, one text per call
+        prompt = tok.encode(samples[i].prompt)
+        output_len = len(tok.encode(samples[i].reference, add_special_tokens=False))
+        if 4 <= len(prompt) <= 20 and output_len >= 4 and len(prompt) + output_len <= 40:
+            expected.append((tuple(prompt), output_len, samples[i].prompt))
+    assert len(chosen) == 25
+    assert [(r.prompt_token_ids, r.output_len, r.prompt) for r, _ in chosen] == expected[:25]
+
+
+def _order(n: int, seed: int) -> list[int]:
+    import random
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return order

@@ -26,6 +26,10 @@ class PriorityQueues:
         self.queues = [RankedQueue() for _ in range(num_queues)]
         self.work = [0.0] * num_queues       # sum of queued remaining seconds per queue
         self._where: dict[str, tuple[int, float]] = {}   # request id -> (queue, its work)
+        # head() is asked for every resident of every iteration while the queues change far
+        # less often: it is kept until the next push or discard.
+        self._head: tuple[float, Request] | None = None
+        self._head_known = False
 
     def bucket(self, seconds: float) -> int:
         if seconds <= self.base_s:
@@ -36,6 +40,7 @@ class PriorityQueues:
         """Queue (or re-rank) ``request``; ``aged_s`` is its aged remaining time now, which
         picks the queue. Returns the queue index."""
         self.discard(request)
+        self._head_known = False
         q = self.bucket(aged_s)
         self.queues[q].push(request, key)
         self.work[q] += work_s
@@ -47,17 +52,21 @@ class PriorityQueues:
         if where is None:
             return False
         q, work_s = where
+        self._head_known = False
         self.queues[q].discard(request)
         self.work[q] = max(0.0, self.work[q] - work_s)
         return True
 
     def head(self) -> tuple[float, Request] | None:
         """(key, request) of the best queued request over all queues."""
+        if self._head_known:
+            return self._head
         best = None
         for queue in self.queues:
             top = queue.peek()
             if top is not None and (best is None or top[0] < best[0]):
                 best = top
+        self._head, self._head_known = best, True
         return best
 
     def work_before(self, q: int) -> float:

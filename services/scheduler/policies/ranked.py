@@ -18,7 +18,6 @@ livelock the way self-preemption can.
 from __future__ import annotations
 
 from abc import abstractmethod
-
 from dataclasses import dataclass
 
 from services.scheduler.output import Budget, SchedulerOutput
@@ -111,19 +110,27 @@ class RankedPolicy(Policy):
     def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
         output = state.new_output()
         p = _Pass(self._rank_residents(state), budget.max_num_batched_tokens)
+        # One turn per resident per iteration: the hooks and the pass's fields in locals.
+        ranked, preemption = p.ranked, self.options.preemption
+        peek, outranks, run = self._peek, self._outranks, self._run
         while p.tokens > 0:
-            resident = p.next_resident()
-            cand = None if p.queue_blocked else self._peek(state)
+            head = p.head       # the next resident still running (_Pass.next_resident)
+            while head < len(ranked) and ranked[head].status is not _RUNNING:
+                head += 1
+            p.head = head
+            resident = ranked[head] if head < len(ranked) else None
+            cand = None if p.queue_blocked else peek(state)
             if cand is not None and cand.request_id in p.evicted:
                 cand, p.queue_blocked = None, True     # no re-admission in the same iteration
-            if cand is not None and (resident is None or self._may_preempt(cand, resident, state)):
+            if cand is not None and (resident is None or (
+                    preemption and outranks(cand, resident, state))):
                 if not self._admit(state, output, p, cand, budget):
                     p.queue_blocked = True
                 continue
             if resident is None:
                 break
-            p.head += 1
-            self._run(state, output, p, resident)
+            p.head = head + 1
+            run(state, output, p, resident)
         self._after_schedule(state, output, p)
         return output
 
@@ -131,15 +138,23 @@ class RankedPolicy(Policy):
         return self.options.preemption and self._outranks(candidate, resident, state)
 
     def _run(self, state: SchedulerState, output: SchedulerOutput, p: _Pass, req: Request) -> None:
-        n = min(req.num_tokens - req.num_computed_tokens, p.tokens)
-        while not state.block_manager.allocate_slots(req.request_id, req.num_computed_tokens + n):
-            victim = self._victim(state, p, req, None)
-            if victim is None:
-                return      # stays paused with its KV; see the module docstring
-            self._evict(state, output, p, victim)
-            # As in vLLM: no admissions in an iteration that evicted for memory.
-            p.queue_blocked = True
-        output.add(req, n)
+        computed = req.num_computed_tokens
+        n = len(req.token_ids) - computed
+        if n > p.tokens:  # noqa: PLR1730 - a min() call costs more than the rest of the line
+            n = p.tokens
+        bm = state.block_manager
+        table = bm.tables.get(req.request_id)
+        # Most decode steps fit in the blocks the request holds already.
+        if table is None or computed + n > len(table) * bm.block_size:
+            while not bm.allocate_slots(req.request_id, computed + n):
+                victim = self._victim(state, p, req, None)
+                if victim is None:
+                    return      # stays paused with its KV; see the module docstring
+                self._evict(state, output, p, victim)
+                # As in vLLM: no admissions in an iteration that evicted for memory.
+                p.queue_blocked = True
+        output.scheduled.append((req, n))      # output.add, inlined
+        output.num_batched_tokens += n
         p.tokens -= n
         self._on_served(req, state)
 
@@ -219,5 +234,6 @@ class RankedPolicy(Policy):
     # -- bookkeeping shared by all ranked policies ---------------------------------------------
     def update(self, output, updated, result=None) -> None:
         for req in updated:
-            if req.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+            reason = req.finish_reason
+            if reason is not None and reason in (FinishReason.STOP, FinishReason.LENGTH):
                 self.lengths.observe(req.num_output_tokens)

@@ -67,7 +67,7 @@ class ExecutionTimeModel:
         prefill = decode_sum = decodes = 0
         for request, n in output.scheduled:
             # A one-token step of a request that already has output is a decode.
-            if n == 1 and request.num_output_tokens > 1:
+            if n == 1 and len(request.token_ids) - request.num_prompt_tokens > 1:
                 decode_sum += request.num_prompt_tokens
                 decodes += 1
             else:
@@ -84,6 +84,10 @@ class ExecutionTimeModel:
         t0, alpha, beta, c = (max(0.0, float(v)) for v in coef)
         if t0 > 0 or beta > 0 or alpha > 0:
             self._coef = (t0, alpha, beta, c)
+
+    def rates(self) -> tuple[float, float, float]:
+        """(T0, alpha, beta) that ``estimate`` uses now: fitted, or the prior."""
+        return self._coef[:3] if self._coef is not None else self.prior
 
     def estimate(self, prefill_tokens: int, prompt_len: int, decode_tokens: int) -> float:
         """Seconds for ``prefill_tokens`` still to prefill and ``decode_tokens`` decode steps
