@@ -20,7 +20,7 @@ idle GT, else the lowest-priority running task (possibly itself).
 from __future__ import annotations
 
 from services.scheduler.output import Budget, SchedulerOutput
-from services.scheduler.policies.econo_queues import Ordering, OrderedQueue
+from services.scheduler.policies.econo_queues import OrderedQueue, Ordering
 from services.scheduler.policies.econo_sizing import EconoServeConfig, LengthModel, validate
 from services.scheduler.policy import Policy
 from services.scheduler.request import Prediction, Request, RequestStatus
@@ -96,6 +96,8 @@ class EconoServePolicy(Policy):
         tokens = self._decode_active(state, output, budget.max_num_batched_tokens)
         tokens = self._continue_prefills(output, tokens)
         tokens = self._activate_groups(state, output, tokens)
+        if self.options.enable_pipelining:
+            tokens = self._lend_idle_halves(state, output, tokens)
         if not output.scheduled and self.gts:
             tokens = self._force_one_gt(state, output, tokens)
         self._admit_prompts(state, output, tokens)
@@ -205,8 +207,8 @@ class EconoServePolicy(Policy):
         keep = host.num_tokens + -(-remaining // 2)
         spare = bm.num_blocks_of(rid) - bm.blocks_for(keep)
         limit = remaining // 2 - int(self.options.buffer_ratio * remaining)
-        guest = self.gts.largest_fitting(spare) if spare > 0 else None
-        if guest is None or self.model.remaining(guest) > limit:
+        guest = self._guest(spare, limit)
+        if guest is None:
             return tokens
         need = self.gts.size_of(guest)
         self.gts.remove(guest)
@@ -216,6 +218,32 @@ class EconoServePolicy(Policy):
             self.borrower_of[rid] = guest.request_id
         self._start(guest, output)
         return tokens - 1
+
+    def _lend_idle_halves(self, state: SchedulerState, output: SchedulerOutput,
+                          tokens: int) -> int:
+        """GTs still waiting: running hosts that lend nothing now (never did, or their guest
+        finished) lend the unused half of what is left of their allocation, as at activation.
+        Guests do not re-lend: a loan's blocks go back to their owner."""
+        for host in list(self.active.values()):
+            if tokens <= 0 or not self.gts:
+                break
+            rid = host.request_id
+            if host.status is _RUNNING and rid not in self.borrower_of \
+                    and rid not in self.lender_of:
+                tokens = self._host(state, output, host, tokens)
+        return tokens
+
+    def _guest(self, spare_blocks: int, limit_tokens: int) -> Request | None:
+        """The largest queued GT that fits the lent blocks and is predicted to end within
+        ``limit_tokens``. The largest fitting one alone is usually too long (a GT's blocks
+        grow with its predicted remainder): step down the size index past each miss."""
+        bound = spare_blocks
+        while bound > 0 and limit_tokens >= 1:
+            guest = self.gts.largest_fitting(bound)
+            if guest is None or self.model.remaining(guest) <= limit_tokens:
+                return guest
+            bound = self.gts.size_of(guest) - 1
+        return None
 
     def _force_one_gt(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
         """Nothing could run: every block is held by idle GTs. Run the first one on whatever
@@ -269,11 +297,11 @@ class EconoServePolicy(Policy):
         bm = self._bm
         for req in updated:
             rid = req.request_id
-            if req.status is _RUNNING and rid in self.prefilling:
-                if req.num_computed_tokens == req.num_tokens - 1:
-                    del self.prefilling[rid]
-                    self.keys.pop(rid, None)
-                    self._queue_gt(req, bm)
+            if (req.status is _RUNNING and rid in self.prefilling
+                    and req.num_computed_tokens == req.num_tokens - 1):
+                del self.prefilling[rid]
+                self.keys.pop(rid, None)
+                self._queue_gt(req, bm)
         if result is not None:
             decodes = len(self.active)
             self.model.observe(output.num_batched_tokens, decodes, result.timings.total_s)
