@@ -4,6 +4,8 @@
 # vectors are shared by the runs of one process. Usage:
 #   scripts/policy_sweep.sh OUTDIR DATASET NUM_PROMPTS NUM_GPU_BLOCKS RATES [MODEL_SHAPE] [POLICIES]
 # e.g. scripts/policy_sweep.sh results/raw/sharegpt sharegpt 2000 1024 2,4,5,6,7,8,10,12,16
+# PREDICTOR=oracle gives the length-aware policies the true lengths instead of the embedded
+# predictor (the mechanism without prediction error).
 set -euo pipefail
 out=$1 dataset=$2 num=$3 blocks=$4 rates=$5 shape=${6:-llama-2-7b}
 policies=${7:-vllm,orca,sarathi,fastserve,fluidinfer,oracle,ssjf,ltr,alise,econoserve}
@@ -34,6 +36,6 @@ echo "JCT SLO scale:tp_ms:tg_ms = $slo" > "$out/jct_slo.txt"
 for p in ${policies//,/ }; do
   [ "$p" = vllm ] && continue
   [ -s "$out/$p.json" ] && continue
-  case $p in ssjf|ltr|alise|econoserve) pred=embedded ;; *) pred=none ;; esac
+  case $p in ssjf|ltr|alise|econoserve) pred=${PREDICTOR:-embedded} ;; *) pred=none ;; esac
   sim "$p" "$pred" "$slo"
 done

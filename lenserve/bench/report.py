@@ -118,8 +118,10 @@ def _plain(value):
     return value
 
 
-def plot_normalized_latency(path: str | Path, results: list[dict]) -> None:
-    """Normalized latency against request rate, one line per backend (the papers' main figure)."""
+def plot_normalized_latency(path: str | Path, results: list[dict], title: str | None = None,
+                            log_y: bool = False, dpi: int = 120) -> None:
+    """Normalized latency against request rate, one line per backend (the papers' main figure);
+    ``log_y`` keeps the light-load values readable beside overload."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -131,8 +133,12 @@ def plot_normalized_latency(path: str | Path, results: list[dict]) -> None:
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=backend)
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("normalized latency (s/token)")
+    if log_y:
+        ax.set_yscale("log")
+    if title:
+        ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)

@@ -83,7 +83,7 @@ def test_the_host_takes_a_guest_that_ends_in_time_not_the_largest_that_fits():
 
 
 def test_a_host_whose_guest_finished_lends_again():
-    s = econo("padding_ratio=0", num_gpu_blocks=20, max_model_len=80)
+    s = econo("padding_ratio=0", "reserved_kv_fraction=0.15", num_gpu_blocks=20, max_model_len=80)
     host = make_request("host", 4, 56, predicted_output_len=56, slo_deadline_s=10)
     first = make_request("first", 4, 8, predicted_output_len=8, slo_deadline_s=10)
     add(s, host, first)
@@ -103,6 +103,25 @@ def test_a_host_whose_guest_finished_lends_again():
     assert second.is_finished and not host.is_finished
     drain(s)
     assert host.num_output_tokens == 56
+
+
+def test_prompts_waiting_for_their_allocation_stay_within_the_reserve():
+    s = econo("padding_ratio=0", "enable_pipelining=false", "reserved_kv_fraction=0.1",
+              num_gpu_blocks=32)
+    add(s, make_request("long", 4, 80, predicted_output_len=80, slo_deadline_s=100))
+    step(s)
+    step(s)
+    short = add(s, *(make_request(f"p{i}", 4, 20, predicted_output_len=20, slo_deadline_s=100)
+                     for i in range(12)))
+    bm, policy, held = s.block_manager, s.policy, []
+    for i in range(300):
+        if not s.has_unfinished_requests():
+            break
+        step(s, float(i))
+        held.append(sum(bm.num_blocks_of(r.request_id) for r in policy.gts.ordered()))
+    # Prefilled GTs with no room to start would otherwise hold 11 of the 32 blocks.
+    assert max(held) <= policy.reserved_blocks == 4
+    assert all(r.num_output_tokens == 20 for r in short)
 
 
 def test_under_prediction_preempts_by_recompute_without_swapping():
