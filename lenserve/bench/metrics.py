@@ -6,7 +6,9 @@ tokens of a request, pooled over requests; goodput = requests meeting every ``--
 per second of the run. Papers: normalized latency = mean over requests of E2EL / output
 tokens (ALISE, EconoServe after vLLM); latency bound = the largest gap between two tokens of
 one request (FluidInfer); JCT = arrival to completion as the client sees it (EconoServe),
-which exceeds E2EL when a backend hands results back later than it makes tokens.
+which exceeds E2EL when a backend hands results back later than it makes tokens; SLO
+satisfaction ratio (SSR, EconoServe) = the share of requests whose JCT is within
+SLO-scale x (tp + tg x output tokens), failed requests counted as missing it.
 """
 from __future__ import annotations
 
@@ -100,6 +102,64 @@ def parse_goodput(items: Sequence[str] | None) -> dict[str, float]:
     return slos
 
 
+@dataclass(frozen=True)
+class JctSlo:
+    """EconoServe's per-request JCT SLO, ``scale x (tp + tg x l)`` for a request of ``l``
+    output tokens: tp is the average prompt processing latency and tg the average token
+    generation latency measured for the dataset (the paper's §4; scale 2 by default there).
+    Without tp and tg they are taken from a reference run (``with_reference``)."""
+
+    scale: float
+    prompt_s: float | None = None     # tp
+    token_s: float | None = None      # tg
+
+    @property
+    def resolved(self) -> bool:
+        return self.prompt_s is not None and self.token_s is not None
+
+    def limit_s(self, num_output_tokens: int) -> float:
+        return self.scale * (self.prompt_s + self.token_s * num_output_tokens)
+
+    def with_reference(self, records: Sequence[RequestRecord]) -> JctSlo:
+        """tp and tg measured on ``records`` (mean TTFT and mean TPOT of the successful ones),
+        unless already set."""
+        if self.resolved:
+            return self
+        ok = [r for r in records if r.success]
+        tpots = [r.tpot for r in ok if r.tpot is not None]
+        if not ok or not tpots:
+            raise ValueError("the JCT SLO's reference run has no successful multi-token request")
+        return JctSlo(self.scale, float(np.mean([r.ttft for r in ok])), float(np.mean(tpots)))
+
+    def as_dict(self) -> dict:
+        return {"scale": self.scale, "tp_ms": self.prompt_s * 1e3, "tg_ms": self.token_s * 1e3}
+
+
+def parse_jct_slo(text: str | None) -> JctSlo | None:
+    """``SCALE`` or ``SCALE:TP_MS:TG_MS`` (``--jct-slo``)."""
+    if not text:
+        return None
+    parts = text.split(":")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 3) or not all(v > 0 and math.isfinite(v) for v in values):
+        raise ValueError(f"bad --jct-slo {text!r}: expected SCALE or SCALE:TP_MS:TG_MS, "
+                         "all > 0")
+    if len(values) == 1:
+        return JctSlo(values[0])
+    return JctSlo(values[0], values[1] / 1e3, values[2] / 1e3)
+
+
+def slo_satisfaction_ratio(records: Sequence[RequestRecord], slo: JctSlo) -> float:
+    """Share of ``records`` that finished within their JCT SLO (a failed one never does)."""
+    if not records:
+        return math.nan
+    met = sum(r.success and r.jct <= slo.limit_s(r.num_output_tokens) for r in records)
+    return met / len(records)
+
+
 def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:
     values = {"ttft": record.ttft, "tpot": record.tpot or 0.0, "e2el": record.e2el}
     return all(values[name] * 1000.0 <= limit for name, limit in slos.items())
@@ -115,8 +175,9 @@ def _stats(values_s: Sequence[float]) -> dict[str, float]:
 
 
 def summarize(records: Sequence[RequestRecord], duration_s: float,
-              slos: dict[str, float] | None = None) -> dict:
-    """The per-backend summary: counts, throughputs and latency statistics."""
+              slos: dict[str, float] | None = None, jct_slo: JctSlo | None = None) -> dict:
+    """The per-backend summary: counts, throughputs and latency statistics; SSR with a
+    resolved ``jct_slo``."""
     ok = [r for r in records if r.success]
     out_tokens = sum(r.num_output_tokens for r in ok)
     duration = max(duration_s, 1e-9)
@@ -143,4 +204,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float,
     if slos:
         good = sum(meets_slos(r, slos) for r in ok)
         summary.update(goodput=good / duration, slo_attainment=good / max(len(records), 1))
+    if jct_slo is not None and jct_slo.resolved:
+        summary.update(slo_satisfaction_ratio=slo_satisfaction_ratio(records, jct_slo),
+                       jct_slo=jct_slo.as_dict())
     return summary

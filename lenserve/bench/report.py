@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from lenserve.bench.metrics import summarize
+from lenserve.bench.metrics import JctSlo, summarize
 from lenserve.bench.runner import BackendRun
 
 # (label, path into the summary, format); the latency rows follow vllm bench serve's order.
@@ -29,6 +29,8 @@ _ROWS: list[tuple[str, tuple[str, ...], str]] = [
     ("Max latency bound (ms)", ("latency_bound_ms", "max"), "{:.2f}"),
     ("Goodput (req/s)", ("goodput",), "{:.2f}"),
     ("SLO attainment (%)", ("slo_attainment",), "{:.1%}"),
+    ("SLO satisfaction ratio (%)", ("slo_satisfaction_ratio",), "{:.1%}"),
+    ("Preemptions", ("num_preemptions",), "{:.0f}"),
 ]
 
 
@@ -65,9 +67,20 @@ def _join(cells: list[str], widths: list[int]) -> str:
     return "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(cells))
 
 
-def summarize_runs(runs: Sequence[BackendRun], slos: dict[str, float]) -> list[dict]:
+def summarize_runs(runs: Sequence[BackendRun], slos: dict[str, float],
+                   jct_slo: JctSlo | None = None) -> list[dict]:
+    """Each run's summary. A ``jct_slo`` without tp and tg takes them from the reference
+    run: the first backend's at its lowest request rate (the least loaded)."""
+    if jct_slo is not None and runs:
+        jct_slo = jct_slo.with_reference(reference_run(runs).records)
     return [{"backend": run.backend, "request_rate": run.request_rate,
-             "summary": summarize(run.records, run.duration_s, slos)} for run in runs]
+             "summary": {**summarize(run.records, run.duration_s, slos, jct_slo),
+                         **(run.stats or {})}} for run in runs]
+
+
+def reference_run(runs: Sequence[BackendRun]) -> BackendRun:
+    first = [run for run in runs if run.backend == runs[0].backend]
+    return min(first, key=lambda run: run.request_rate)
 
 
 def format_report(results: list[dict]) -> str:
@@ -126,8 +139,10 @@ def _finite_numbers(values) -> bool:
         return False
 
 
-def plot_normalized_latency(path: str | Path, results: list[dict]) -> None:
-    """Normalized latency against request rate, one line per backend (the papers' main figure)."""
+def plot_normalized_latency(path: str | Path, results: list[dict], title: str | None = None,
+                            log_y: bool = False, dpi: int = 120) -> None:
+    """Normalized latency against request rate, one line per backend (the papers' main figure);
+    ``log_y`` keeps the light-load values readable beside overload."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -139,8 +154,12 @@ def plot_normalized_latency(path: str | Path, results: list[dict]) -> None:
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=backend)
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("normalized latency (s/token)")
+    if log_y:
+        ax.set_yscale("log")
+    if title:
+        ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)

@@ -38,6 +38,7 @@ class BackendRun:
     duration_s: float
     records: list[RequestRecord]
     profile: object | None = None   # the backend's StepProfile over this run, if it keeps one
+    stats: dict | None = None       # engine counters over the run (num_preemptions), if known
 
 
 def replay(backend: Backend, workload: Workload, config: RunnerConfig = RunnerConfig(),

@@ -153,9 +153,12 @@ def simulate(spec: SimSpec, workload: Workload, request_rate: float,
         with tqdm(total=len(workload.requests), desc=label, unit="req",
                   disable=not show_progress) as bar:
             replay.run(bar)
+        stats = replay.engine.stats()
     finally:
         replay.engine.close()
     order = {r.request_id: i for i, r in enumerate(workload.requests)}
     records = sorted(replay.done, key=lambda r: order[r.request_id])
     # The engine's StepProfile would time the simulator, not the simulated device: left out.
-    return BackendRun(spec.name, request_rate, replay.clock.now, records, None)
+    return BackendRun(spec.name, request_rate, replay.clock.now, records, None,
+                      {"num_preemptions": stats.num_preemptions,
+                       "num_iterations": stats.num_iterations})

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from lenserve.bench.backends import BackendOptions, BackendSpec, create_backend, parse_backends
-from lenserve.bench.metrics import parse_goodput
+from lenserve.bench.metrics import parse_goodput, parse_jct_slo
 from lenserve.bench.report import (
     format_profiles,
     format_report,
@@ -72,6 +72,10 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompt-len", type=int, default=1024)
     p.add_argument("--max-model-len", type=int, default=2048, help="prompt + output limit")
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs, e.g. ttft:500 tpot:50")
+    p.add_argument("--jct-slo", metavar="SCALE[:TP_MS:TG_MS]",
+                   help="report the SLO satisfaction ratio for EconoServe's JCT SLO, SCALE x "
+                        "(tp + tg x output tokens); without TP_MS:TG_MS, tp and tg are the "
+                        "mean TTFT and TPOT of the first backend at the lowest rate")
     p.add_argument("--result-json", help="write summaries and per-request records here")
     p.add_argument("--plot", help="PNG path for the sweep figure (default: next to the JSON)")
     p.add_argument("--disable-tqdm", action="store_true")
@@ -141,7 +145,7 @@ def run_backend(spec: BackendSpec, options: BackendOptions, workloads: list[Work
 def run_bench(args: argparse.Namespace) -> int:
     # Everything a typo can break is checked before any model loads.
     specs = parse_backends(args.backends)
-    slos = parse_goodput(args.goodput)
+    slos, jct_slo = parse_goodput(args.goodput), parse_jct_slo(args.jct_slo)
     rates = parse_rates(args)
     options = BackendOptions(model=args.model, hf_batch_size=args.hf_batch_size,
                              served_model_name=args.served_model_name,
@@ -164,7 +168,7 @@ def run_bench(args: argparse.Namespace) -> int:
             failures += 1
             print(f"lenserve bench: backend {spec.text} failed: {type(exc).__name__}: {exc}",
                   file=sys.stderr)
-    results = summarize_runs(runs, slos)
+    results = summarize_runs(runs, slos, jct_slo)
     if results:
         print(format_report(results))
         print(format_profiles(runs))

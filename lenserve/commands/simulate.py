@@ -13,7 +13,7 @@ import time
 from importlib import resources
 
 from lenserve.bench.backends import BackendOptions
-from lenserve.bench.metrics import parse_goodput
+from lenserve.bench.metrics import parse_goodput, parse_jct_slo
 from lenserve.bench.report import format_report, summarize_runs
 from lenserve.commands.bench import (
     add_workload_arguments,
@@ -81,6 +81,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     specs = parse_sim_backends(args.backends)
     slos, rates = parse_goodput(args.goodput), parse_rates(args)
+    jct_slo = parse_jct_slo(args.jct_slo)
     if args.swap_space:
         raise ValueError("the simulator models no host KV tier: --swap-space must be 0")
     target = sim_target(args)
@@ -104,7 +105,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             print(f"{name} @ {rate:g} req/s: simulated {runs[-1].duration_s:.1f}s in "
                   f"{time.perf_counter() - began:.1f}s ({time.process_time() - cpu:.1f}s of CPU)",
                   file=sys.stderr)
-    results = summarize_runs(runs, slos)
+    results = summarize_runs(runs, slos, jct_slo)
     print(format_report(results))
     write_outputs(args, results, runs)
     return 0

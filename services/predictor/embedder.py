@@ -19,6 +19,10 @@ from services.predictor.config import EmbedderConfig
 
 _MODELS: dict[tuple[str, str, int, str], object] = {}
 _LOAD_LOCK = threading.Lock()
+# Vector caches by everything a vector depends on besides the prompt: predictors of one
+# encoder in one process share them (the simulator builds a predictor per run and would
+# otherwise embed the same prompts once per run).
+_CACHES: dict[tuple, VectorCache] = {}
 
 
 def default_encoder_path() -> str:
@@ -117,7 +121,9 @@ class Embedder:
             torch.set_num_threads(config.num_threads)
         self.precision = resolve_precision(config.precision)
         self._model = _load(self.path, self.encoder_id, self.max_seq_length, self.precision)
-        self.cache = VectorCache(config.cache_size)
+        self.cache = _shared_cache((self.path, self.encoder_id, self.max_seq_length,
+                                    self.precision, config.tail_chars, max_prompt_chars),
+                                   config.cache_size)
 
     @property
     def encoder_dim(self) -> int:
@@ -173,6 +179,15 @@ class Embedder:
         tails = vecs[:n].copy()
         tails[long] = vecs[n:]
         return np.hstack([vecs[:n], tails]) / np.float32(np.sqrt(2.0))
+
+
+def _shared_cache(key: tuple, capacity: int) -> VectorCache:
+    with _LOAD_LOCK:
+        cache = _CACHES.get(key)
+        if cache is None:
+            cache = _CACHES[key] = VectorCache(capacity)
+        cache.capacity = max(cache.capacity, capacity)
+        return cache
 
 
 class VectorCache:

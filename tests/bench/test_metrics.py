@@ -5,7 +5,15 @@ import math
 
 import pytest
 
-from lenserve.bench.metrics import RequestRecord, meets_slos, parse_goodput, summarize
+from lenserve.bench.metrics import (
+    JctSlo,
+    RequestRecord,
+    meets_slos,
+    parse_goodput,
+    parse_jct_slo,
+    slo_satisfaction_ratio,
+    summarize,
+)
 
 
 def record(rid="r", arrival=0.0, times=(1.0, 1.5, 2.5), finish=None, output_len=3, **kw):
@@ -87,3 +95,37 @@ def test_bad_goodput_is_refused(items, match):
 def test_goodput_parses_like_vllm():
     assert parse_goodput(["ttft:500", "e2el:2000.5"]) == {"ttft": 500.0, "e2el": 2000.5}
     assert parse_goodput(None) == {}
+
+
+def test_slo_satisfaction_ratio_follows_econoserve():
+    slo = JctSlo(2.0, prompt_s=0.25, token_s=0.5)      # limit 2 x (0.25 + 0.5 l)
+    assert slo.limit_s(3) == pytest.approx(3.5)
+    on_time = record("a", 0.0, (1.0, 2.0, 3.5))          # JCT 3.5 <= 3.5
+    late = record("b", 0.0, (1.0, 2.0, 3.0), finish=3.6)  # the client saw it at 3.6
+    short = record("c", 1.0, (1.5,), output_len=1)       # JCT 0.5 <= 2 x 0.75
+    failed = record("d", 0.0, (), error="boom")           # never meets it
+    records = [on_time, late, short, failed]
+    assert slo_satisfaction_ratio(records, slo) == pytest.approx(0.5)
+    s = summarize(records, duration_s=4.0, jct_slo=slo)
+    assert s["slo_satisfaction_ratio"] == pytest.approx(0.5)
+    assert s["jct_slo"] == pytest.approx({"scale": 2.0, "tp_ms": 250.0, "tg_ms": 500.0})
+    assert "slo_satisfaction_ratio" not in summarize(records, 4.0, jct_slo=JctSlo(2.0))
+
+
+def test_jct_slo_reference_is_mean_ttft_and_tpot():
+    a = record("a", 0.0, (1.0, 2.0, 3.0))                # ttft 1, tpot 1
+    b = record("b", 0.0, (3.0, 3.5, 4.0))                # ttft 3, tpot 0.5
+    slo = JctSlo(2.0).with_reference([a, b, record("c", times=(), error="x")])
+    assert (slo.prompt_s, slo.token_s) == pytest.approx((2.0, 0.75))
+    assert JctSlo(1.0, 0.1, 0.2).with_reference([a]) == JctSlo(1.0, 0.1, 0.2)
+    with pytest.raises(ValueError, match="reference run"):
+        JctSlo(2.0).with_reference([record("c", times=(), error="x")])
+
+
+def test_jct_slo_parses_scale_or_scale_tp_tg():
+    assert parse_jct_slo(None) is None
+    assert parse_jct_slo("2") == JctSlo(2.0)
+    assert parse_jct_slo("2:40:25") == JctSlo(2.0, 0.04, 0.025)
+    for bad in ("2:40", "0", "x", "2:40:-1"):
+        with pytest.raises(ValueError, match="--jct-slo"):
+            parse_jct_slo(bad)

@@ -71,3 +71,17 @@ def test_sweep_figure_is_a_png(tmp_path):
     path = tmp_path / "sweep.png"
     plot_normalized_latency(path, results)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_jct_slo_reference_is_the_first_backend_at_its_lowest_rate():
+    from lenserve.bench.metrics import JctSlo
+
+    runs = [run("a", 2.0, 3.0), run("a", 1.0), run("b", 0.5, 9.0)]
+    runs[1].stats = {"num_preemptions": 4}
+    results = summarize_runs(runs, {}, JctSlo(2.0))
+    # a @ 1 req/s: TTFT 0.1 s, TPOT 0.2 s; r0's limit 2 x (0.1 + 0.2 x 2) = 1 s.
+    assert [r["summary"]["jct_slo"]["tp_ms"] for r in results] == [100.0] * 3
+    assert [r["summary"]["slo_satisfaction_ratio"] for r in results] == [0.5, 0.5, 0.0]
+    assert results[1]["summary"]["num_preemptions"] == 4
+    text = format_report(results)
+    assert "SLO satisfaction ratio (%)" in text and "Preemptions" in text

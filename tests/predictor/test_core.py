@@ -197,3 +197,18 @@ def test_a_prompt_gets_the_same_vector_alone_and_in_a_batch(embedder):
     alone = embedder.encode([prompt])[0]
     batched = embedder.encode(["x " * 40, prompt, "Hi"])[1]
     assert float(alone @ batched) > 0.999
+
+
+def test_embedders_of_one_encoder_share_their_vector_cache():
+    from services.predictor.config import EmbedderConfig
+    from services.predictor.embedder import Embedder
+
+    first = Embedder(EmbedderConfig(max_seq_length=64, tail_chars=0))
+    second = Embedder(EmbedderConfig(max_seq_length=64, tail_chars=0))
+    other = Embedder(EmbedderConfig(max_seq_length=32, tail_chars=0))   # another window
+    prompt = "A prompt only this test embeds: the shared cache"
+    v = first.encode([prompt], cache=True)
+    assert second.cache is first.cache and other.cache is not first.cache
+    [hit] = second.cache.get_many([second._key(prompt)])
+    np.testing.assert_array_equal(hit, v[0])
+    assert other.cache.get_many([other._key(prompt)]) == [None]

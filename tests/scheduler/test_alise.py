@@ -125,7 +125,22 @@ def test_the_time_model_recovers_known_coefficients():
                       t0 * prefill + alpha * prompt_sum + beta * decodes + c)
     assert model.fitted
     assert model.coefficients == pytest.approx((t0, alpha, beta, c), rel=1e-3)
-    assert model.estimate(100, 50, 10) == pytest.approx(100 * t0 + 10 * (alpha * 50 + beta))
+    # Each remaining decode step is a whole iteration: it pays the fixed cost c too.
+    assert model.estimate(100, 50, 10) == pytest.approx(100 * t0 + 10 * (alpha * 50 + beta + c),
+                                                        rel=1e-3)
+
+
+def test_remaining_time_counts_steps_when_iterations_are_weight_bound():
+    # A decode iteration that reads the weights: 14 ms whatever the batch, 50 us per request.
+    model = ExecutionTimeModel(min_samples=8, refit_every=1, forget=1.0)
+    rng = np.random.default_rng(1)
+    for _ in range(64):
+        decodes = int(rng.integers(1, 64))
+        model.observe(0, 80 * decodes, decodes, 0.014 + 5e-5 * decodes)
+    short, long = model.estimate(0, 80, 30), model.estimate(0, 80, 600)
+    assert short == pytest.approx(30 * 0.01405, rel=0.02)
+    # Seconds of wall time: a second of aging (rate 0.1) cannot flip 30 against 600 tokens.
+    assert long - short > 10 * 0.1
 
 
 def test_the_queues_head_follows_every_push_and_discard():

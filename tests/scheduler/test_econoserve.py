@@ -1,8 +1,8 @@
 import pytest
 from sched_helpers import add, make_request, make_scheduler, scheduled, step
 
-from services.scheduler.policies import make_policy
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.policies import make_policy
 from services.scheduler.request import Prediction
 
 
@@ -37,12 +37,12 @@ def test_a_time_synced_group_starts_and_finishes_together():
 
 def test_exact_allocation_sizes_kv_by_padded_prediction_or_upper_quantile():
     s = econo("padding_ratio=0.5", "enable_pipelining=false")
-    (a,) = add(s, make_request("a", 4, 100, predicted_output_len=8))
+    add(s, make_request("a", 4, 100, predicted_output_len=8))
     step(s)
     step(s)
     assert s.block_manager.num_blocks_of("a") == 4          # 4 prompt + 12 output tokens
     q = econo("use_upper_quantile=true", "enable_pipelining=false")
-    (b,) = add(q, make_request("b", 4, 100))
+    add(q, make_request("b", 4, 100))
     q.set_prediction("b", Prediction(8, 20))
     step(q)
     step(q)
@@ -65,6 +65,63 @@ def test_a_hosted_gt_borrows_the_second_half_and_returns_it():
     assert bm.num_blocks_of("host") == 11 and not s.policy.lender_of   # loan came back
     drain(s)
     assert host.num_output_tokens == 40
+
+
+def test_the_host_takes_a_guest_that_ends_in_time_not_the_largest_that_fits():
+    s = econo("padding_ratio=0")
+    host = make_request("host", 4, 40, predicted_output_len=40, slo_deadline_s=10)
+    # Fits the 4 spare blocks but would still run when the host needs them back.
+    medium = make_request("medium", 4, 16, predicted_output_len=16, slo_deadline_s=10)
+    small = make_request("small", 4, 8, predicted_output_len=8, slo_deadline_s=10)
+    add(s, host, medium, small)
+    step(s)
+    out, _ = step(s)
+    assert scheduled(out) == {"host": 1, "medium": 1, "small": 1}
+    assert s.policy.lender_of == {"small": "host"}
+    drain(s)
+    assert [r.num_output_tokens for r in (host, medium, small)] == [40, 16, 8]
+
+
+def test_a_host_whose_guest_finished_lends_again():
+    s = econo("padding_ratio=0", "reserved_kv_fraction=0.15", num_gpu_blocks=20, max_model_len=80)
+    host = make_request("host", 4, 56, predicted_output_len=56, slo_deadline_s=10)
+    first = make_request("first", 4, 8, predicted_output_len=8, slo_deadline_s=10)
+    add(s, host, first)
+    step(s)
+    step(s)
+    assert s.policy.lender_of == {"first": "host"}
+    # Too big for the free KV once prefilled: it runs only in the host's unused half.
+    second = make_request("second", 8, 10, predicted_output_len=10, slo_deadline_s=10)
+    add(s, second)
+    lenders = []
+    for i in range(60):
+        step(s, float(i))
+        lenders.append(dict(s.policy.lender_of))
+        if second.is_finished:
+            break
+    assert {"second": "host"} in lenders
+    assert second.is_finished and not host.is_finished
+    drain(s)
+    assert host.num_output_tokens == 56
+
+
+def test_prompts_waiting_for_their_allocation_stay_within_the_reserve():
+    s = econo("padding_ratio=0", "enable_pipelining=false", "reserved_kv_fraction=0.1",
+              num_gpu_blocks=32)
+    add(s, make_request("long", 4, 80, predicted_output_len=80, slo_deadline_s=100))
+    step(s)
+    step(s)
+    short = add(s, *(make_request(f"p{i}", 4, 20, predicted_output_len=20, slo_deadline_s=100)
+                     for i in range(12)))
+    bm, policy, held = s.block_manager, s.policy, []
+    for i in range(300):
+        if not s.has_unfinished_requests():
+            break
+        step(s, float(i))
+        held.append(sum(bm.num_blocks_of(r.request_id) for r in policy.gts.ordered()))
+    # Prefilled GTs with no room to start would otherwise hold 11 of the 32 blocks.
+    assert max(held) <= policy.reserved_blocks == 4
+    assert all(r.num_output_tokens == 20 for r in short)
 
 
 def test_under_prediction_preempts_by_recompute_without_swapping():

@@ -10,8 +10,10 @@ iteration:
    is allocated, splitting the last group, then a best fit found by binary search;
 3. each newly activated GT may host one smaller GT in the second half of its allocation
    (``BlockManager.lend``), chosen so it ends a safety buffer before the host needs it back;
-4. PTs fill the rest of the token budget; they may use the reserved KV (and all KV when no GT
-   waits). A finished prefill turns the PT into a queued GT that keeps its prompt KV.
+4. PTs fill the rest of the token budget within the reserved KV (counting every prompt still
+   waiting for its GT allocation); beyond it only when no GT waits and the PT's whole
+   allocation fits the unreserved free KV. A finished prefill turns the PT into a queued GT
+   that keeps its prompt KV.
 
 A GT that outgrows its allocation first takes free (reserved) blocks; when none are free it
 preempts by recompute, never by swap: its hosted GT if it has one, else the lowest-priority
@@ -20,7 +22,7 @@ idle GT, else the lowest-priority running task (possibly itself).
 from __future__ import annotations
 
 from services.scheduler.output import Budget, SchedulerOutput
-from services.scheduler.policies.econo_queues import Ordering, OrderedQueue
+from services.scheduler.policies.econo_queues import OrderedQueue, Ordering
 from services.scheduler.policies.econo_sizing import EconoServeConfig, LengthModel, validate
 from services.scheduler.policy import Policy
 from services.scheduler.request import Prediction, Request, RequestStatus
@@ -96,6 +98,8 @@ class EconoServePolicy(Policy):
         tokens = self._decode_active(state, output, budget.max_num_batched_tokens)
         tokens = self._continue_prefills(output, tokens)
         tokens = self._activate_groups(state, output, tokens)
+        if self.options.enable_pipelining:
+            tokens = self._lend_idle_halves(state, output, tokens)
         if not output.scheduled and self.gts:
             tokens = self._force_one_gt(state, output, tokens)
         self._admit_prompts(state, output, tokens)
@@ -205,8 +209,8 @@ class EconoServePolicy(Policy):
         keep = host.num_tokens + -(-remaining // 2)
         spare = bm.num_blocks_of(rid) - bm.blocks_for(keep)
         limit = remaining // 2 - int(self.options.buffer_ratio * remaining)
-        guest = self.gts.largest_fitting(spare) if spare > 0 else None
-        if guest is None or self.model.remaining(guest) > limit:
+        guest = self._guest(spare, limit)
+        if guest is None:
             return tokens
         need = self.gts.size_of(guest)
         self.gts.remove(guest)
@@ -216,6 +220,32 @@ class EconoServePolicy(Policy):
             self.borrower_of[rid] = guest.request_id
         self._start(guest, output)
         return tokens - 1
+
+    def _lend_idle_halves(self, state: SchedulerState, output: SchedulerOutput,
+                          tokens: int) -> int:
+        """GTs still waiting: running hosts that lend nothing now (never did, or their guest
+        finished) lend the unused half of what is left of their allocation, as at activation.
+        Guests do not re-lend: a loan's blocks go back to their owner."""
+        for host in list(self.active.values()):
+            if tokens <= 0 or not self.gts:
+                break
+            rid = host.request_id
+            if host.status is _RUNNING and rid not in self.borrower_of \
+                    and rid not in self.lender_of:
+                tokens = self._host(state, output, host, tokens)
+        return tokens
+
+    def _guest(self, spare_blocks: int, limit_tokens: int) -> Request | None:
+        """The largest queued GT that fits the lent blocks and is predicted to end within
+        ``limit_tokens``. The largest fitting one alone is usually too long (a GT's blocks
+        grow with its predicted remainder): step down the size index past each miss."""
+        bound = spare_blocks
+        while bound > 0 and limit_tokens >= 1:
+            guest = self.gts.largest_fitting(bound)
+            if guest is None or self.model.remaining(guest) <= limit_tokens:
+                return guest
+            bound = self.gts.size_of(guest) - 1
+        return None
 
     def _force_one_gt(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
         """Nothing could run: every block is held by idle GTs. Run the first one on whatever
@@ -235,15 +265,14 @@ class EconoServePolicy(Policy):
     # -- prompt tasks ----------------------------------------------------------------------
     def _admit_prompts(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> None:
         bm = state.block_manager
+        held = self._prompt_kv_held(bm)
         while tokens > 0 and self.pts:
-            # GTs own the unreserved KV while any wait; PTs always have the reserve.
-            blocks = bm.num_free_blocks if not self.gts else min(bm.num_free_blocks,
-                                                                  self.reserved_blocks)
-            req = self._pick_prompt(bm, tokens, blocks, first=not self.prefilling and
+            req = self._pick_prompt(bm, tokens, held, first=not self.prefilling and
                                     not output.scheduled)
             if req is None or not state.admit(req, req.num_tokens):
                 return
             self.pts.remove(req)
+            held += bm.num_blocks_of(req.request_id)
             # Without chunking an oversized prompt runs whole, alone.
             n = req.num_tokens
             if self.config.enable_chunked_prefill:
@@ -253,27 +282,45 @@ class EconoServePolicy(Policy):
             output.add(req, n)
             tokens -= n
 
-    def _pick_prompt(self, bm, tokens: int, blocks: int, first: bool) -> Request | None:
+    def _prompt_kv_held(self, bm) -> int:
+        """Blocks held for prompts that have no GT allocation yet: prefilling, or prefilled
+        and queued as GTs."""
+        return sum(bm.num_blocks_of(rid) for rid in self.prefilling) + sum(
+            bm.num_blocks_of(r.request_id) for r in self.gts.ordered())
+
+    def _prompt_fits(self, bm, req: Request, held: int) -> bool:
+        """PTs live in the reserve (the paper's "small amount of KVC reserved for adding PTs"),
+        counting every prompt still waiting for its GT allocation. Beyond it a prompt starts
+        only when no GT waits and its whole allocation fits the unreserved free KV: a prompt
+        admitted without room for its GT holds prompt KV that queued GTs need to start, and
+        such prompts pile up until decoding stalls."""
+        free = bm.num_free_blocks
+        if held + bm.blocks_for(req.num_tokens) <= min(self.reserved_blocks, held + free):
+            return True
+        target = bm.blocks_for(self.model.target_tokens(req))
+        return not self.gts and target <= free - self.reserved_blocks
+
+    def _pick_prompt(self, bm, tokens: int, held: int, first: bool) -> Request | None:
         head = self.pts.head()
         if head.num_tokens <= tokens:
-            return head if bm.blocks_for(head.num_tokens) <= blocks else None
+            return head if self._prompt_fits(bm, head, held) else None
         fit = self.pts.largest_fitting(tokens)        # binary search: fill the budget
         if fit is not None:
-            return fit if bm.blocks_for(fit.num_tokens) <= blocks else None
+            return fit if self._prompt_fits(bm, fit, held) else None
         # Only prompts longer than the budget remain: chunk the head rather than stall.
         chunk = self.config.enable_chunked_prefill or first
-        return head if chunk and bm.blocks_for(head.num_tokens) <= blocks else None
+        return head if chunk and self._prompt_fits(bm, head, held) else None
 
     # -- after the iteration ---------------------------------------------------------------
     def update(self, output: SchedulerOutput, updated: list[Request], result=None) -> None:
         bm = self._bm
         for req in updated:
             rid = req.request_id
-            if req.status is _RUNNING and rid in self.prefilling:
-                if req.num_computed_tokens == req.num_tokens - 1:
-                    del self.prefilling[rid]
-                    self.keys.pop(rid, None)
-                    self._queue_gt(req, bm)
+            if (req.status is _RUNNING and rid in self.prefilling
+                    and req.num_computed_tokens == req.num_tokens - 1):
+                del self.prefilling[rid]
+                self.keys.pop(rid, None)
+                self._queue_gt(req, bm)
         if result is not None:
             decodes = len(self.active)
             self.model.observe(output.num_batched_tokens, decodes, result.timings.total_s)

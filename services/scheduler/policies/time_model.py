@@ -10,9 +10,14 @@ sum of its parts plus a fixed per-iteration overhead c (kernel launches, samplin
 Least squares over a 4x4 normal-equation accumulator, with exponential forgetting so the fit
 follows a changing machine: each observation is O(1), a solve is a 4x4 system and happens at
 most every ``refit_every`` observations. The intercept c keeps fixed overhead from being
-misread as per-token cost; per-request estimates leave it out because every request of a
-batch pays it alike. Until enough iterations were measured (or when the executor reports no
-timings), estimates are token counts scaled by ``nominal_token_s``.
+misread as per-token cost. A request's remaining *time* still pays c on every decode step
+(each step is a whole iteration), so estimates charge a decode step beta + c: Eq. 3-5's beta is
+the per-step time of the job run alone, which includes that overhead. Leaving c out ranked
+requests by their marginal share of a batch, a few hundredths of the wall time when the
+iteration is bound by reading the weights (c dominates), and virtual aging, in seconds per
+second waited, then outweighed every length difference within a second of queueing.
+Until enough iterations were measured (or when the executor reports no timings), estimates
+are token counts scaled by ``nominal_token_s``.
 """
 from __future__ import annotations
 
@@ -37,6 +42,8 @@ class ExecutionTimeModel:
         self._xtx = np.zeros((4, 4))
         self._xty = np.zeros(4)
         self.num_samples = 0
+        self._fit: tuple[float, float, float, float] | None = None   # (T0, alpha, beta, c)
+        # What estimates use: (T0, alpha, beta + c, c).
         self._coef: tuple[float, float, float, float] | None = None
 
     @property
@@ -46,7 +53,7 @@ class ExecutionTimeModel:
     @property
     def coefficients(self) -> tuple[float, float, float, float] | None:
         """(T0, alpha, beta, c) once fitted, else None."""
-        return self._coef
+        return self._fit
 
     def observe(self, prefill_tokens: int, decode_prompt_sum: int, num_decodes: int,
                 seconds: float) -> None:
@@ -83,7 +90,8 @@ class ExecutionTimeModel:
         # Noise can push a coefficient below zero; negative cost would invert the ranking.
         t0, alpha, beta, c = (max(0.0, float(v)) for v in coef)
         if t0 > 0 or beta > 0 or alpha > 0:
-            self._coef = (t0, alpha, beta, c)
+            self._fit = (t0, alpha, beta, c)
+            self._coef = (t0, alpha, beta + c, c)
 
     def rates(self) -> tuple[float, float, float]:
         """(T0, alpha, beta) that ``estimate`` uses now: fitted, or the prior."""
@@ -91,6 +99,6 @@ class ExecutionTimeModel:
 
     def estimate(self, prefill_tokens: int, prompt_len: int, decode_tokens: int) -> float:
         """Seconds for ``prefill_tokens`` still to prefill and ``decode_tokens`` decode steps
-        of a request with a ``prompt_len``-token prompt (Eq. 3-5)."""
+        of a request with a ``prompt_len``-token prompt (Eq. 3-5), a decode step at beta + c."""
         t0, alpha, beta = self._coef[:3] if self._coef is not None else self.prior
         return prefill_tokens * t0 + decode_tokens * (alpha * prompt_len + beta)
