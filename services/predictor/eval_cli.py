@@ -2,18 +2,19 @@
 from one model's replies while serving another model."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 
 import numpy as np
 
 from services.predictor.__main__ import (
-    load_split,
     add_common,
     add_data_args,
     add_finetune_args,
     config_from_args,
     finetune_config,
+    load_split,
 )
 from services.predictor.config import StoreConfig
 from services.predictor.embedder import resolve_precision
@@ -44,9 +45,8 @@ def evaluate(args) -> int:
 
 
 def evaluate_shift(args) -> int:
-    from services.predictor import datasets
+    from services.predictor import datasets, shift_eval
     from services.predictor import evaluate as ev
-    from services.predictor import shift_eval
 
     if not args.shift_path:
         raise ValueError("--shift needs --shift-path: the file of the served model's replies")

@@ -243,9 +243,13 @@ class LengthStore:
         if not rows:
             return np.zeros((0, self.dim), np.float32), np.zeros(0, np.float32), \
                 np.zeros(0, bool)
-        return (np.array([p.vector for p in rows], dtype=np.float32),
-                np.array([p.payload["length"] for p in rows], dtype=np.float32),
-                np.array([bool(p.payload.get("observed")) for p in rows], bool))
+        vectors = np.array([p.vector for p in rows], dtype=np.float32)
+        # Point ids are random, and so is the scroll's order: sorted by vector, the same
+        # contents train the same MLP (its shuffles are seeded), run after run.
+        order = np.lexsort(vectors[:, :8].T[::-1])
+        return (vectors[order],
+                np.array([p.payload["length"] for p in rows], dtype=np.float32)[order],
+                np.array([bool(p.payload.get("observed")) for p in rows], bool)[order])
 
 
 def merge_payload(old: dict, length: float, now: float, observed: bool, min_w: float) -> dict:

@@ -72,3 +72,17 @@ def test_models_are_separate_collections(tmp_path):
     assert nb.lengths.tolist() == [5.0]  # persisted across a restart
     assert collection_name("p", "a/b") != collection_name("p", "a_b")
     reopened.close()
+
+
+def test_export_order_does_not_depend_on_insertion_order_or_ids():
+    """Same contents, same training set: the MLP's seeded shuffles then repeat run after run."""
+    vecs = _unit(np.random.default_rng(5), 40)
+    lengths = np.arange(1.0, 41.0)
+    exports = []
+    for order in (np.arange(40), np.random.default_rng(6).permutation(40)):
+        store = LengthStore(StoreConfig(), dim=16)
+        store.upsert("m", vecs[order], lengths[order], now=0.0, observed=False)
+        exports.append(store.export("m"))
+        store.close()
+    for a, b in zip(*exports):
+        np.testing.assert_array_equal(a, b)
