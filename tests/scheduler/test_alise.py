@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 from sched_helpers import add, make_request, make_scheduler, scheduled, step
 
+from services.executor.types import ExecutorOutput, IterationTimings
 from services.scheduler.output import Budget
 from services.scheduler.policies.time_model import ExecutionTimeModel
 from services.scheduler.request import RequestStatus
@@ -162,3 +163,26 @@ def test_the_queues_head_follows_every_push_and_discard():
     queues.discard(a)
     queues.discard(b)
     assert queues.head() is None and len(queues) == 0
+
+
+def test_the_inlined_ranking_agrees_with_remaining_s():
+    s = _alise(max_num_batched_tokens=16)
+    policy = s.policy
+    add(s, make_request("a", 10, 40), make_request("b", 3, 5), make_request("c", 21, 12),
+        make_request("d", 2, 200, predicted_output_len=3))
+    checked = 0
+    for i in range(80):
+        out = s.schedule(float(i))
+        ranked = [r for rid, r in s.state.running.items() if rid in policy._remaining]
+        for req in ranked:          # residents ranked before this iteration's admissions
+            rid = req.request_id
+            waited = policy._waited(policy.jobs[rid], float(i))
+            assert policy._remaining[rid] == policy.remaining_s(req)
+            assert policy._keys[rid] == policy.remaining_s(req) - 0.1 * waited
+            checked += 1
+        step_out = s.make_executor_input(out)
+        sampled = {q.request_id: 7 for q in step_out.sequences if q.sample}
+        timed = IterationTimings(total_s=0.01 + 0.001 * out.num_batched_tokens)
+        s.update_from_output(out, ExecutorOutput(out.iteration, sampled, timings=timed),
+                             float(i))
+    assert checked > 60 and policy.model.fitted      # prior and fitted rates both seen
