@@ -2,10 +2,12 @@
 
 Latencies are measured at the gateway, from the request reaching the handler: TTFT to the
 first generated token, TPOT over the rest, E2E to the last. Scheduler gauges are read from
-``stats()`` when scraped."""
+``stats()`` when scraped: its levels as gauges, its running totals (predictions, completion
+records reported, delivered to Kafka or dropped) as counters."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0, 60.0, 120.0)
@@ -22,7 +24,38 @@ STAT_GAUGES = {
     "num_host_blocks": ("lenserve_host_kv_total_blocks", "host KV blocks"),
     "num_preemptions": ("lenserve_num_preemptions", "preemptions so far"),
     "num_iterations": ("lenserve_num_iterations", "scheduler iterations so far"),
+    "num_kafka_buffered": ("lenserve_kafka_completions_buffered",
+                           "completion records waiting for Kafka"),
 }
+# SchedulerStats running totals -> (counter name, exposed with _total; help)
+STAT_COUNTERS = {
+    "num_predictions": ("lenserve_predictor_predictions",
+                        "length predictions received from the predictor"),
+    "num_completions_reported": ("lenserve_completion_records_reported",
+                                 "completion records handed to the predictor or to Kafka"),
+    "num_completions_dropped": ("lenserve_completion_records_dropped",
+                                "completion records lost before being handed on"),
+    "num_kafka_published": ("lenserve_kafka_completions_published",
+                            "completion records Kafka acknowledged"),
+    "num_kafka_dropped": ("lenserve_kafka_completions_dropped",
+                          "completion records dropped because the Kafka buffer was full"),
+}
+
+
+class StatCounters:
+    """The scheduler's running totals, as Prometheus counters of the last snapshot (none
+    before the first one: a scrape whose ``stats()`` failed keeps the last values)."""
+
+    def __init__(self):
+        self.stats = None
+
+    def collect(self):
+        if self.stats is None:
+            return
+        for field, (name, text) in STAT_COUNTERS.items():
+            family = CounterMetricFamily(name, text)
+            family.add_metric([], float(getattr(self.stats, field, 0) or 0))
+            yield family
 
 
 class GatewayMetrics:
@@ -48,6 +81,8 @@ class GatewayMetrics:
                               registry=r)
         self.host_kv_usage = Gauge("lenserve_host_kv_usage_ratio", "host KV blocks in use",
                                    registry=r)
+        self.stat_counters = StatCounters()
+        r.register(self.stat_counters)
 
     def finished(self, ttft: float | None, e2e: float, num_prompt: int, num_output: int,
                  prediction_source: str | None) -> None:
@@ -71,6 +106,7 @@ class GatewayMetrics:
             gauge.set(getattr(stats, field, 0) or 0)
         self.kv_usage.set(used_ratio(stats, "num_free_blocks", "num_total_blocks"))
         self.host_kv_usage.set(used_ratio(stats, "num_free_host_blocks", "num_host_blocks"))
+        self.stat_counters.stats = stats
 
 
 def used_ratio(stats, free_field: str, total_field: str) -> float:

@@ -64,10 +64,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(predictor=env("LENSERVE_PREDICTOR", "none"))
     p.add_argument("--kafka-bootstrap", default=env("LENSERVE_KAFKA_BOOTSTRAP"),
                    help="send completion records to Kafka (the predictor learns from them)")
+    p.add_argument("--kafka-max-buffered", type=_at_least_one,
+                   default=env("LENSERVE_KAFKA_MAX_BUFFERED", "10000"),
+                   help="completion records kept while Kafka is unreachable; past it the oldest "
+                        "are dropped (counted in lenserve_kafka_completions_dropped_total)")
     # Loopback unless told otherwise: exposing the service is a deployment decision.
     p.add_argument("--host", default=env("LENSERVE_SCHEDULER_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env("LENSERVE_SCHEDULER_PORT", DEFAULT_PORT)))
     p.add_argument("--grace", type=float, default=5.0, help="seconds to finish streams on stop")
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def config_from_args(args: argparse.Namespace) -> SchedulerServiceConfig:
@@ -75,6 +89,7 @@ def config_from_args(args: argparse.Namespace) -> SchedulerServiceConfig:
                           max_model_len=args.max_model_len,
                           max_num_batched_tokens=args.max_num_batched_tokens, dtype=args.dtype,
                           device=args.device, kafka_bootstrap=args.kafka_bootstrap,
+                          kafka_max_buffered=args.kafka_max_buffered,
                           **engine_options(args))
     return SchedulerServiceConfig(engine, args.executor, args.kvmanager, args.host, args.port,
                                   args.grace)

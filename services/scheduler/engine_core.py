@@ -9,6 +9,7 @@ detokenizes and applies stop strings (which need text, so they cannot live in th
 token-level scheduler)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -150,7 +151,10 @@ class EngineCore:
         return len(self.scheduler.state.requests)
 
     def stats(self) -> SchedulerStats:
-        return self.scheduler.stats()
+        stats = self.scheduler.stats()
+        if self.predictions is None:
+            return stats
+        return dataclasses.replace(stats, **self.predictions.counters())
 
     # -- the loop ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -32,10 +32,12 @@ def to_scheduler(p: PredictorPrediction) -> Prediction:
 class PredictionPump:
     def __init__(self, predictor: LengthPredictor, model: str,
                  completion_sink: Callable[[list[Completion]], None] | None = None,
-                 on_close: Callable[[], None] | None = None):
+                 on_close: Callable[[], None] | None = None, publisher=None):
         """``completion_sink``: where finished requests go (default ``predictor.observe``);
-        ``on_close``: releases it (e.g. the Kafka publisher's thread)."""
+        ``on_close``: releases it (e.g. the Kafka publisher's thread); ``publisher``: the
+        ``CompletionPublisher`` behind the sink, if any, whose counters ``counters()`` adds."""
         self.predictor = predictor
+        self.publisher = publisher
         self.model = model
         self.sink = completion_sink or predictor.observe
         self._on_close = on_close
@@ -57,6 +59,7 @@ class PredictionPump:
         if self.predictor.inline:
             self._results.append((request_id, to_scheduler(
                 self.predictor.predict([query], self.model)[0])))
+            self.num_predicted += 1
             return
         self._queries.append((request_id, query))
         self._wake.set()
@@ -71,6 +74,17 @@ class PredictionPump:
         out = []
         while self._results:
             out.append(self._results.popleft())
+        return out
+
+    def counters(self) -> dict[str, int]:
+        """The ``SchedulerStats`` fields this pump (and its Kafka publisher) account for."""
+        out = {"num_predictions": self.num_predicted,
+               "num_completions_reported": self.num_observed,
+               "num_completions_dropped": self.num_dropped_completions}
+        if self.publisher is not None:
+            out.update(num_kafka_published=self.publisher.num_published,
+                       num_kafka_buffered=self.publisher.num_buffered,
+                       num_kafka_dropped=self.publisher.num_dropped)
         return out
 
     def idle(self) -> bool:

@@ -31,6 +31,14 @@ class SchedulerStats:
     num_swapped: int = 0      # requests whose KV is on the host tier
     num_free_host_blocks: int = 0
     num_host_blocks: int = 0
+    # Filled by the serving core from its prediction pump (zero without a predictor).
+    num_predictions: int = 0              # length predictions received from the predictor
+    num_completions_reported: int = 0     # completion records handed on (observe or Kafka)
+    num_completions_dropped: int = 0      # records lost before that (queue full, report failed)
+    # The Kafka publisher's buffer (zero unless a bootstrap server is set).
+    num_kafka_published: int = 0          # records Kafka acknowledged
+    num_kafka_buffered: int = 0           # records waiting for Kafka now
+    num_kafka_dropped: int = 0            # oldest records dropped because the buffer was full
 
 
 class Scheduler:

@@ -36,6 +36,7 @@ class EngineConfig:
     predictor: str = "none"
     predictor_seed: str | None = None         # {"prompt","output_len"} JSON lines; None: bundled
     kafka_bootstrap: str | None = None        # completions go to the Kafka topic, not observe()
+    kafka_max_buffered: int = 10_000          # records kept while Kafka is down; then oldest dropped
     swap_space_gib: float = 0.0               # host KV tier (0: none; swapping is refused)
     kv_int8: bool = False                     # channel-wise INT8 for swapped KV
     check_integrity: bool = False    # assert block accounting after every step (tests)
@@ -43,6 +44,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if isinstance(self.policy_config, list):
             object.__setattr__(self, "policy_config", tuple(self.policy_config))
+        if self.kafka_max_buffered < 1:
+            raise ValueError(f"kafka_max_buffered must be >= 1, got {self.kafka_max_buffered}")
         if self.swap_space_gib < 0:
             raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")
 
@@ -81,8 +84,9 @@ def build_predictions(config: EngineConfig, model: str, progress=None):
         return PredictionPump(predictor, model)
     # Buffered, on a thread of its own: Kafka being down never holds up serving.
     from services.predictor.kafka_publisher import CompletionPublisher
-    publisher = CompletionPublisher(config.kafka_bootstrap)
-    return PredictionPump(predictor, model, publisher.publish, on_close=publisher.close)
+    publisher = CompletionPublisher(config.kafka_bootstrap, max_buffered=config.kafka_max_buffered)
+    return PredictionPump(predictor, model, publisher.publish, on_close=publisher.close,
+                          publisher=publisher)
 
 
 def build_kv_manager(config: EngineConfig, executor: Executor):

@@ -70,3 +70,36 @@ def long_engine() -> dict:
 def stats_of(engine: AsyncEngine):
     import asyncio
     return asyncio.run(engine.stats())
+
+
+class ServedScheduler:
+    """An engine behind the real gRPC scheduler service on a background event loop; ``backend``
+    is what ``python -m gateway`` puts in front of it."""
+
+    def __init__(self, engine: AsyncEngine):
+        import asyncio
+        import threading
+
+        from gateway.__main__ import LazySchedulerClient
+        from services.scheduler.servicer import build_server, mark_serving
+
+        async def start():
+            server, port = build_server(engine, "127.0.0.1:0")
+            await server.start()
+            await mark_serving(server)
+            return server, port
+
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.server, port = self._run(start())
+        self.backend = LazySchedulerClient(f"127.0.0.1:{port}")
+
+    def _run(self, coro):
+        import asyncio
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    def stop(self) -> None:
+        self._run(self.server.stop(grace=0))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)

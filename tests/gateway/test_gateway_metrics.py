@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import httpx
-from gateway_helpers import API_KEY
+import pytest
+from gateway_helpers import API_KEY, ServedScheduler, start_gateway
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.predictor.conftest import free_port
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -46,3 +49,50 @@ def test_metrics_carry_scheduler_stats(live):
                  "lenserve_host_kv_usage_ratio"):
         assert name in families
     assert value(families["lenserve_kv_total_blocks"], "lenserve_kv_total_blocks") > 0
+
+
+@pytest.mark.parametrize("transport", ["inprocess", "grpc"])
+def test_metrics_count_completion_records_kafka_dropped(transport):
+    """Kafka unreachable and a buffer of 2: of 5 finished requests, 2 records wait and the
+    3 oldest are dropped, and /metrics says so, in-process and through the scheduler's
+    stats RPC alike."""
+    served = []
+
+    def wrap(engine):
+        if transport == "inprocess":
+            return engine
+        served.append(ServedScheduler(engine))
+        return served[-1].backend
+
+    live, server = start_gateway(
+        dict(predictor="oracle", kafka_bootstrap=f"127.0.0.1:{free_port()}",
+             kafka_max_buffered=2), wrap=wrap)
+    try:
+        client = live.client()
+        for i in range(5):
+            client.completions.create(model="fake", prompt=f"record {i}", max_tokens=3)
+        assert live.engine.engine.predictions.flush(10)
+        families = scrape(live)
+        assert value(families["lenserve_kafka_completions_dropped"],
+                     "lenserve_kafka_completions_dropped_total") == 3
+        assert value(families["lenserve_kafka_completions_buffered"],
+                     "lenserve_kafka_completions_buffered") == 2
+        assert value(families["lenserve_kafka_completions_published"],
+                     "lenserve_kafka_completions_published_total") == 0
+        assert value(families["lenserve_completion_records_reported"],
+                     "lenserve_completion_records_reported_total") == 5
+        assert value(families["lenserve_completion_records_dropped"],
+                     "lenserve_completion_records_dropped_total") == 0
+        assert value(families["lenserve_predictor_predictions"],
+                     "lenserve_predictor_predictions_total") == 5
+    finally:
+        server.stop()
+        for s in served:
+            s.stop()
+        live.engine.shutdown()
+
+
+def test_metrics_without_a_predictor_count_nothing_dropped(live):
+    families = scrape(live)
+    for name in ("lenserve_kafka_completions_dropped", "lenserve_predictor_predictions"):
+        assert value(families[name], name + "_total") == 0

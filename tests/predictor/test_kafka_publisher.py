@@ -65,9 +65,12 @@ def test_serving_goes_on_with_kafka_unreachable():
         finished += sum(o.finished for o in engine.step())
     pump = engine.predictions
     assert finished == 6 and pump.flush(10)
-    publisher = pump._on_close.__self__
+    publisher = pump.publisher
     assert publisher.num_buffered == 6 and publisher.num_published == 0
     assert pump.num_dropped_completions == 0
+    stats = engine.stats()          # what /metrics exports
+    assert (stats.num_kafka_buffered, stats.num_kafka_published, stats.num_kafka_dropped,
+            stats.num_completions_reported) == (6, 0, 0, 6)
     engine.close()
 
 
