@@ -10,6 +10,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import install_handlers
 from gateway.guard import Guard
 from gateway.metrics import GatewayMetrics
+from gateway.openapi import finish_schema
 from gateway.routes import router
 
 
@@ -24,6 +25,7 @@ def create_app(backend: SchedulerBackend, config: GatewayConfig, *, tokenizer=No
     app.state.chat = ChatFormatter(tokenizer)
     install_handlers(app)
     app.include_router(router)
+    finish_schema(app, config)
     app.add_middleware(Guard, api_keys=config.api_keys, max_body_bytes=config.max_body_bytes,
                        max_concurrency=config.max_concurrency,
                        retry_after_s=config.retry_after_s)

@@ -1,7 +1,12 @@
 """Request bodies of the OpenAI API, with vLLM's extensions (``top_k``, ``min_tokens``,
 ``ignore_eos``) and lenserve's (``priority``, ``slo_ms``). Fields lenserve cannot honour are
 accepted only at their neutral value (see ``sampling.refuse_unsupported``); unknown fields are
-ignored, as OpenAI's own server does."""
+ignored, as OpenAI's own server does.
+
+``documented`` adds to the OpenAPI schema the limits ``gateway.sampling`` checks (with its
+own messages), so that a client, or a fuzzer, reading the schema knows what is accepted; the
+limits set by the gateway's config are filled in by ``gateway.openapi``. Types are strict, as
+the schema states them: ``"stream": 0`` or ``"max_tokens": "16"`` is a 400, not coerced."""
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -9,34 +14,65 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+
+
+def documented(default=None, **schema):
+    """A field whose OpenAPI schema carries ``schema`` (JSON Schema keywords that apply to the
+    value whichever of its types it has); validation is left to ``gateway.sampling``."""
+    return Field(default, json_schema_extra=schema)
+
+
+def one_prompt(schema: dict) -> None:
+    """``prompt``: a non-empty text or token list, or a list holding exactly one of them."""
+    for branch in schema.get("anyOf", ()):
+        items = branch.get("items", {})
+        if branch.get("type") == "string":
+            branch["minLength"] = 1
+        elif items.get("type") == "integer":
+            branch["minItems"] = 1
+        elif branch.get("type") == "array":
+            branch["minItems"] = branch["maxItems"] = 1
+            if items.get("type") == "string":
+                items["minLength"] = 1
+            else:
+                items["minItems"] = 1
+
+
+NEUTRAL = dict(minimum=0, maximum=0)      # numbers accepted at their neutral value only
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 TokenIds = list[Annotated[int, Field(ge=0, le=2**31)]]
 
 
+STRICT = ConfigDict(extra="ignore", strict=True)
+
+
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str | None = None
-    max_tokens: Int64 | None = None
-    max_completion_tokens: Int64 | None = None
-    temperature: Finite | None = None
-    top_p: Finite | None = None
-    top_k: Int64 | None = None
-    min_tokens: Int64 = 0
-    seed: Int64 | None = None
-    stop: str | list[str] | None = None
+    max_tokens: Int64 | None = documented(minimum=1)
+    max_completion_tokens: Int64 | None = documented(minimum=1)
+    temperature: Finite | None = documented(minimum=0)
+    top_p: Finite | None = documented(exclusiveMinimum=0, maximum=1)
+    top_k: Int64 | None = documented(minimum=-1)          # -1: off
+    min_tokens: Int64 = documented(0, minimum=0)          # and at most max_tokens
+    seed: Int64 | None = documented(minimum=0)
+    stop: str | list[str] | None = documented(
+        minLength=1, maxLength=256, maxItems=16, items={"minLength": 1, "maxLength": 256})
     ignore_eos: bool = False
-    n: Int64 = 1
+    n: Int64 = documented(1, minimum=1, maximum=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: Finite | None = None
-    frequency_penalty: Finite | None = None
-    logit_bias: dict[str, float] | None = None
-    logprobs: bool | int | None = None
+    presence_penalty: Finite | None = documented(**NEUTRAL)
+    frequency_penalty: Finite | None = documented(**NEUTRAL)
+    logit_bias: dict[str, float] | None = documented(maxProperties=0)
+    logprobs: bool | int | None = documented(**NEUTRAL, **{"not": {"const": True}})
     user: str | None = None
     # lenserve: the request's priority, handed to the scheduling policy as is; slo_ms is its
     # end-to-end latency target in milliseconds from arrival (the policy's slo_deadline_s).
@@ -45,19 +81,21 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | TokenIds | list[TokenIds]
-    echo: bool = False
-    suffix: str | None = None
-    best_of: Int64 | None = None
+    prompt: str | list[str] | TokenIds | list[TokenIds] = Field(json_schema_extra=one_prompt)
+    echo: bool = documented(False, **{"const": False})
+    suffix: str | None = documented(maxLength=0)
+    best_of: Int64 | None = documented(minimum=1, maximum=1)
 
 
 class TextPart(BaseModel):
+    model_config = STRICT
+
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -71,5 +109,5 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    tools: list[dict] | None = None
+    tools: list[dict] | None = documented(maxItems=0)
     top_logprobs: Int64 | None = None

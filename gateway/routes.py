@@ -6,10 +6,11 @@ import asyncio
 import logging
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from gateway.errors import APIError, error_body
 from gateway.generation import Generation
+from gateway.openapi import COMPLETION, GUARDED, METRICS
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.responses import DONE, ChatShape, CompletionShape, sse
 from gateway.sampling import Prompt, completion_prompt, request_kwargs, sampling_params
@@ -21,21 +22,21 @@ CLIENT_CLOSED_REQUEST = 499     # no one reads it; it is what the access log sho
 router = APIRouter()
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=COMPLETION)
 async def completions(body: CompletionRequest, request: Request):
     state = request.app.state
     prompt = completion_prompt(body, state.config)
     return await serve(request, body, prompt, CompletionShape, state.config.default_max_tokens)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=COMPLETION)
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = request.app.state
     prompt = state.chat.render(body.messages, state.config)
     return await serve(request, body, prompt, ChatShape, state.config.default_chat_max_tokens)
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=GUARDED)
 async def models(request: Request):
     config = request.app.state.config
     card = {"id": config.served_model_name, "object": "model", "created": 0,
@@ -48,7 +49,7 @@ async def health():
     return {"status": "ok"}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse, responses=METRICS)
 async def metrics(request: Request):
     state = request.app.state
     try:

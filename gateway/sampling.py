@@ -50,11 +50,14 @@ def refuse_unsupported(req: SamplingFields) -> None:
 
 
 def max_tokens(req: SamplingFields, default: int, limit: int) -> int:
+    """``max_tokens``, else ``max_completion_tokens``, else the default; each one given is
+    checked, so a bad value is refused even where the other one wins."""
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = getattr(req, name)
+        if value is not None and not 1 <= value <= limit:
+            raise bad(name, f"must be in [1, {limit}], got {value}")
     value = req.max_completion_tokens if req.max_tokens is None else req.max_tokens
-    value = default if value is None else value
-    if not 1 <= value <= limit:
-        raise bad("max_tokens", f"must be in [1, {limit}], got {value}")
-    return min(value, limit)
+    return default if value is None else value
 
 
 def stop_strings(stop: str | list[str] | None) -> list[str]:

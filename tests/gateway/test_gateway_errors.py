@@ -66,6 +66,13 @@ def test_oversize_chunked_body_is_413(live):
     ({"prompt": ""}, "prompt"),
     ({"max_tokens": 3}, "prompt"),
     ({"prompt": "x", "seed": -1}, "seed"),
+    # found by the schemathesis run: the value max_tokens overrides is still checked
+    ({"prompt": "x", "max_tokens": 3, "max_completion_tokens": 100_000}, "max_completion_tokens"),
+    # types are strict, as the OpenAPI schema says: no coercion of 0 to false, etc.
+    ({"prompt": "x", "echo": 0}, "echo"),
+    ({"prompt": "x", "stream": 1}, "stream"),
+    ({"prompt": "x", "max_tokens": "5"}, "max_tokens"),
+    ({"prompt": "x", "temperature": True}, "temperature"),
 ])
 def test_bad_completion_params_are_400(live, body, param):
     error = assert_error_shape(post(live, "/v1/completions", body), 400)

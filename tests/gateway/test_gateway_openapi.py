@@ -1,0 +1,63 @@
+"""The OpenAPI schema says what the gateway answers, and schemathesis, generating requests
+from it (valid and invalid), finds no 5xx and no answer the schema does not describe.
+
+A bounded run for the suite; ``scripts/gateway_fuzz.py`` runs the full one (> 1,000 cases)."""
+from __future__ import annotations
+
+import httpx
+import pytest
+from gateway_helpers import API_KEY
+from hypothesis import HealthCheck, given, settings
+
+schemathesis = pytest.importorskip("schemathesis")
+from schemathesis.checks import CHECKS, load_all_checks  # noqa: E402
+from schemathesis.generation import GenerationMode  # noqa: E402
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+EXAMPLES = 15           # per operation and mode
+
+
+def test_schema_documents_the_real_statuses(live):
+    schema = httpx.get(live.url + "/openapi.json", headers=AUTH).json()
+    completions = schema["paths"]["/v1/completions"]["post"]["responses"]
+    assert {"200", "400", "401", "404", "413", "429", "503"} <= set(completions)
+    assert "422" not in completions          # a body that does not validate is a 400
+    assert set(completions["200"]["content"]) == {"application/json", "text/event-stream"}
+    assert set(schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+    props = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert props["max_tokens"]["maximum"] == live.config.max_tokens_limit
+    assert props["n"]["minimum"] == props["n"]["maximum"] == 1
+
+
+@pytest.fixture(scope="module")
+def api(live):
+    return schemathesis.openapi.from_url(live.url + "/openapi.json", headers=AUTH)
+
+
+def all_checks_but_acceptance():
+    """Every check but positive_data_acceptance: the schema cannot state every limit (across
+    fields, the model's vocabulary and context)."""
+    load_all_checks()
+    checks = CHECKS.get_all()
+    assert len(checks) > 5
+    return [c for c in checks if c.__name__ != "positive_data_acceptance"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_schemathesis_finds_no_5xx_nor_undocumented_answers(api, live, path, mode):
+    operation = api[path]["POST"]
+    statuses = []
+
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def run(case):
+        response = case.call_and_validate(base_url=live.url, headers=AUTH,
+                                          checks=all_checks_but_acceptance())
+        statuses.append(response.status_code)
+
+    run()
+    assert statuses and max(statuses) < 500
+    if mode is GenerationMode.POSITIVE:
+        assert 200 in statuses                  # valid bodies do reach the engine
