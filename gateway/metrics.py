@@ -30,7 +30,8 @@ STAT_GAUGES = {
 # SchedulerStats running totals -> (counter name, exposed with _total; help)
 STAT_COUNTERS = {
     "num_predictions": ("lenserve_predictor_predictions",
-                        "length predictions received from the predictor"),
+                        "length predictions made (defaults included where the "
+                        "predictor failed; see lenserve_prediction_source)"),
     "num_completions_reported": ("lenserve_completion_records_reported",
                                  "completion records handed to the predictor or to Kafka"),
     "num_completions_dropped": ("lenserve_completion_records_dropped",

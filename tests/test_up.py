@@ -129,3 +129,91 @@ def test_up_restarts_a_killed_executor_and_serves_again():
         assert proc.wait(timeout=60) == 0
     with pytest.raises(ProcessLookupError):
         os.kill(executor_pid, 0)
+
+
+def _prediction_sources(url: str) -> dict[str, float]:
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {s.labels["source"]: s.value for f in text_string_to_metric_families(text)
+            if f.name == "lenserve_prediction_source" for s in f.samples
+            if s.name.endswith("_total")}
+
+
+class _Load:
+    """Completions through the gateway, back to back on a few threads, every answer kept."""
+
+    def __init__(self, url: str, threads: int = 2):
+        self.url, self.stop = url, threading.Event()
+        self.num_ok, self.failures = 0, []
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def _run(self) -> None:
+        import httpx
+        body = {"model": "fake", "prompt": "Tell me about the sea.", "max_tokens": 4}
+        with httpx.Client(timeout=30) as client:
+            while not self.stop.is_set():
+                try:
+                    resp = client.post(f"{self.url}/v1/completions", json=body)
+                    ok = resp.status_code == 200 and \
+                        resp.json()["choices"][0]["finish_reason"] == "length"
+                except Exception as exc:  # noqa: BLE001 - any failure is what is counted
+                    ok, resp = False, exc
+                if ok:
+                    self.num_ok += 1
+                else:
+                    self.failures.append(getattr(resp, "text", repr(resp)))
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+
+
+def _until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_up_serves_through_a_killed_predictor_and_uses_it_again_after_restart():
+    """Under a steady stream of requests, kill -9 of the predictor fails none of them (they get
+    default predictions), and once ``lenserve up`` has restarted it the scheduler's
+    predictions come from it again (retrieval from what it learnt since the restart: its
+    in-memory DB starts empty)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "lenserve.cli", "up", "--model", "fake"],
+                            cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = _lines(proc)
+    try:
+        out = "".join(_wait_for(lines, "ready", 240))
+        url = re.search(r"gateway\s+(http://\S+)", out).group(1)
+        predictor_pid = int(re.search(r"predictor\s+\S+\s+\(pid (\d+)\)", out).group(1))
+        with _Load(url) as load:
+            _until(lambda: _prediction_sources(url).get("retrieval", 0) > 0, 60,
+                   "the predictor answered from what it learnt")
+            before = load.num_ok
+            os.kill(predictor_pid, signal.SIGKILL)
+            _wait_for(lines, "predictor restarted", 30)
+            _wait_for(lines, "predictor serving on", 120)
+            during = load.num_ok - before
+            time.sleep(2)               # requests predicted by the old process have finished
+            retrieved = _prediction_sources(url).get("retrieval", 0)
+            _until(lambda: _prediction_sources(url).get("retrieval", 0) > retrieved, 60,
+                   "predictions from the restarted predictor")
+        assert during > 0, "no request was served while the predictor was down"
+        assert load.failures == [] and load.num_ok > during
+        assert _prediction_sources(url).get("default", 0) > 0
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(predictor_pid, 0)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 import grpc
 
 from lenserve_contract.proto import predictor_pb2, predictor_pb2_grpc
+from services import rpc
 from services.predictor import convert
 from services.predictor.types import Completion, ObserveResult, Prediction
 
@@ -14,7 +15,7 @@ class PredictorClient:
     def __init__(self, target: str, timeout_s: float = 10.0):
         self.target = target
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(target)
+        self._channel = grpc.insecure_channel(target, options=rpc.CHANNEL_OPTIONS)
         self._stub = predictor_pb2_grpc.PredictorServiceStub(self._channel)
 
     def close(self) -> None:
@@ -41,7 +42,7 @@ class AsyncPredictorClient:
 
     def __init__(self, target: str, timeout_s: float = 10.0):
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(target)
+        self._channel = grpc.aio.insecure_channel(target, options=rpc.CHANNEL_OPTIONS)
         self._stub = predictor_pb2_grpc.PredictorServiceStub(self._channel)
 
     async def close(self) -> None:

@@ -84,10 +84,12 @@ class GrpcPredictor(LengthPredictor):
                     for q in queries]
 
     def observe(self, completions: Sequence[Completion]) -> None:
+        """Raises when the service does not take them: the caller (``PredictionPump``, off the
+        serving loop) counts them as dropped."""
         try:
             self.client.observe(completions)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("predictor observe failed: %s", _short(exc))
+        except Exception as exc:  # noqa: BLE001 - grpc.RpcError and friends
+            raise ConnectionError(f"predictor unreachable: {_short(exc)}") from None
 
     def close(self) -> None:
         self.client.close()

@@ -45,6 +45,9 @@ class _Stream:
             m.token_times.append(now)
         if chunk.finished:
             m.finished_time = now
+        if chunk.prediction_source:
+            m.prediction_source = convert.source_from_pb(chunk.prediction_source)
+            m.predicted_output_len = chunk.predicted_output_len or None
         self.finished = chunk.finished
         return convert.output_from_chunk(chunk, self.prompt, self.prompt_token_ids, m)
 

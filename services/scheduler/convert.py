@@ -72,10 +72,29 @@ def chunk_from_output(out: RequestOutput, num_output_tokens: int,
         chunk.stop_string = c.stop_reason
     elif isinstance(c.stop_reason, int):
         chunk.stop_token_id = c.stop_reason
+    metrics = out.metrics
+    if metrics is not None and metrics.prediction_source:
+        chunk.prediction_source = source_to_pb(metrics.prediction_source)
+        chunk.predicted_output_len = metrics.predicted_output_len or 0
     if out.error:
         chunk.error.CopyFrom(common_pb2.ErrorDetail(code=common_pb2.ERROR_CODE_INTERNAL,
                                                     message=out.error))
     return chunk
+
+
+PREDICTION_SOURCES = frozenset(common_pb2.PredictionSource.keys())
+
+
+def source_to_pb(source: str) -> int:
+    """``RequestMetrics.prediction_source`` ("retrieval", "mlp", ...) -> PredictionSource."""
+    name = f"PREDICTION_SOURCE_{source.upper()}"
+    return common_pb2.PredictionSource.Value(name) if name in PREDICTION_SOURCES else 0
+
+
+def source_from_pb(value: int) -> str | None:
+    if not value:
+        return None
+    return common_pb2.PredictionSource.Name(value).removeprefix("PREDICTION_SOURCE_").lower()
 
 
 def output_from_chunk(chunk: common_pb2.TokenChunk, prompt: str | None,

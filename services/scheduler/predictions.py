@@ -51,6 +51,7 @@ class PredictionPump:
         self.num_predicted = 0
         self.num_observed = 0
         self.num_dropped_completions = 0
+        self._failing_since_drops = 0     # records dropped since reporting last worked
         self._thread = threading.Thread(target=self._run, name="lenserve-predictor", daemon=True)
         self._thread.start()
 
@@ -128,10 +129,19 @@ class PredictionPump:
             return
         try:
             self.sink(batch)
-            self.num_observed += len(batch)
         except Exception as exc:  # noqa: BLE001 - learning is best effort, serving goes on
-            log.warning("completion report failed (%d records dropped): %s", len(batch), exc)
+            # Once per outage, not once per batch: a peer down under load would flood the log.
+            if not self._failing_since_drops:
+                log.warning("completion report failed, records are dropped until it works "
+                            "again (counted in num_dropped_completions): %s", exc)
+            self._failing_since_drops += len(batch)
             self.num_dropped_completions += len(batch)
+            return
+        self.num_observed += len(batch)
+        if self._failing_since_drops:
+            log.warning("completion reports work again; %d records were dropped meanwhile",
+                        self._failing_since_drops)
+            self._failing_since_drops = 0
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every queued prediction and completion was handled (tests, shutdown)."""

@@ -32,7 +32,7 @@ class SchedulerStats:
     num_free_host_blocks: int = 0
     num_host_blocks: int = 0
     # Filled by the serving core from its prediction pump (zero without a predictor).
-    num_predictions: int = 0              # length predictions received from the predictor
+    num_predictions: int = 0              # length predictions made (defaults included)
     num_completions_reported: int = 0     # completion records handed on (observe or Kafka)
     num_completions_dropped: int = 0      # records lost before that (queue full, report failed)
     # The Kafka publisher's buffer (zero unless a bootstrap server is set).

@@ -108,7 +108,8 @@ def test_a_raising_predictor_loses_no_request():
     assert engine.predictions.num_dropped_completions == 4
 
 
-def test_an_unreachable_predictor_service_gives_default_predictions():
+def test_an_unreachable_predictor_service_gives_default_predictions(caplog):
+    caplog.set_level("WARNING", logger="services.scheduler.predictions")
     engine = engine_with(GrpcPredictor("127.0.0.1:1", timeout_s=0.5))
     add(engine, n=2)
     assert engine.predictions.flush(20)
@@ -116,6 +117,14 @@ def test_an_unreachable_predictor_service_gives_default_predictions():
     assert len(outs) == 2
     seen = engine.scheduler.policy.seen
     assert {s for _, _, s in seen} == {"default"} and len(seen) == 2
+    # Their completion records cannot be reported: counted as dropped, and said once.
+    assert engine.predictions.flush(20)
+    add(engine, n=2)
+    run_to_completion(engine)
+    assert engine.predictions.flush(20)
+    assert engine.predictions.num_dropped_completions == 4
+    assert engine.stats().num_completions_dropped == 4
+    assert sum("completion report failed" in r.message for r in caplog.records) == 1
 
 
 def test_oracle_from_the_engine_config_and_no_prediction_for_given_lengths():

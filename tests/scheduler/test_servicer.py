@@ -176,3 +176,20 @@ async def test_sync_client_streams_the_same_tokens(served):
         stats = await asyncio.to_thread(client.stats)
     assert (out.outputs[0].token_ids, out.outputs[0].text) == (expected.token_ids, expected.text)
     assert out.finished and stats.num_finished >= 1
+
+
+async def test_the_prediction_source_crosses_the_wire():
+    """The gateway's per-source prediction counts need it on the gRPC side too."""
+    engine = AsyncEngine(EngineConfig(model="fake", block_size=4, num_gpu_blocks=64,
+                                      max_model_len=128, predictor="oracle"))
+    server, target = await start_server(engine)
+    try:
+        async with AsyncClient(target) as client:
+            outs = [out async for out in client.generate(
+                "how long?", SamplingParams(max_tokens=5, ignore_eos=True), "p1")]
+        assert outs[-1].finished
+        assert outs[-1].metrics.prediction_source == "oracle"
+        assert outs[-1].metrics.predicted_output_len == 5
+    finally:
+        await server.stop(grace=1)
+        engine.shutdown()
