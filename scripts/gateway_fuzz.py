@@ -76,10 +76,15 @@ def main() -> int:
 
     print("\nrequests sent, by operation and status:")
     operations = sorted({op for op, _ in counts})
+    refused_methods = 0             # the unsupported_method check's probes, one per method
     for op in operations:
         statuses = {s: n for (o, s), n in sorted(counts.items()) if o == op}
+        if set(statuses) == {405}:
+            refused_methods += statuses[405]
+            continue
         print(f"  {op:28s} {sum(statuses.values()):6d}   "
               + "  ".join(f"{s}: {n}" for s, n in statuses.items()))
+    print(f"  {'other methods':28s} {refused_methods:6d}   405: {refused_methods}")
     total = sum(counts.values())
     server_errors = sum(n for (_, s), n in counts.items() if s >= 500)
     print(f"  {'total':28s} {total:6d}   5xx: {server_errors}")
