@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from gateway.guard import OPEN_PATHS
+
 
 class ErrorDetail(BaseModel):
     message: str
@@ -63,10 +65,21 @@ def finish_schema(app, config) -> None:
             components.update(error.pop("$defs", {}), ErrorResponse=error)
             for name in ("CompletionRequest", "ChatCompletionRequest"):
                 state_limits(components[name]["properties"], config)
+            if config.api_keys:
+                require_bearer(schema)
             for name in ("HTTPValidationError", "ValidationError"):
                 components.pop(name, None)
         return app.openapi_schema
     app.openapi = openapi
+
+
+def require_bearer(schema: dict) -> None:
+    """With API keys configured, every path but /health wants ``Authorization: Bearer``."""
+    schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for path, operations in schema.get("paths", {}).items():
+        if path not in OPEN_PATHS:
+            for operation in operations.values():
+                operation["security"] = [{"bearer": []}]
 
 
 def state_limits(properties: dict, config) -> None:

@@ -27,6 +27,10 @@ def test_schema_documents_the_real_statuses(live):
     props = schema["components"]["schemas"]["CompletionRequest"]["properties"]
     assert props["max_tokens"]["maximum"] == live.config.max_tokens_limit
     assert props["n"]["minimum"] == props["n"]["maximum"] == 1
+    # keys are configured: the schema says so, and /health alone is open
+    assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert schema["paths"]["/v1/completions"]["post"]["security"] == [{"bearer": []}]
+    assert "security" not in schema["paths"]["/health"]["get"]
 
 
 @pytest.fixture(scope="module")
