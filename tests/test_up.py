@@ -209,9 +209,12 @@ def test_up_serves_through_a_killed_predictor_and_uses_it_again_after_restart():
             retrieved = _prediction_sources(url).get("retrieval", 0)
             _until(lambda: _prediction_sources(url).get("retrieval", 0) > retrieved, 60,
                    "predictions from the restarted predictor")
+        sources = _prediction_sources(url)
+        print(f"\n{load.num_ok} requests served, {during} of them while the predictor was "
+              f"down, {len(load.failures)} failed; predictions by source: {sources}")
         assert during > 0, "no request was served while the predictor was down"
         assert load.failures == [] and load.num_ok > during
-        assert _prediction_sources(url).get("default", 0) > 0
+        assert sources.get("default", 0) > 0
     finally:
         proc.terminate()
         assert proc.wait(timeout=60) == 0
