@@ -13,6 +13,8 @@ schemathesis = pytest.importorskip("schemathesis")
 from schemathesis.checks import CHECKS, load_all_checks  # noqa: E402
 from schemathesis.generation import GenerationMode  # noqa: E402
 
+# schemathesis's own strategies draw from ``random`` (its concern, not the gateway's)
+pytestmark = pytest.mark.filterwarnings("ignore:Do not use the `random` module")
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 EXAMPLES = 15           # per operation and mode
 
