@@ -4,6 +4,7 @@
 # vectors are shared by the runs of one process. Usage:
 #   scripts/policy_sweep.sh OUTDIR DATASET NUM_PROMPTS NUM_GPU_BLOCKS RATES [MODEL_SHAPE] [POLICIES]
 # e.g. scripts/policy_sweep.sh results/raw/sharegpt sharegpt 2000 1024 2,4,5,6,7,8,10,12,16
+# --repeat-dataset cycles the dataset when NUM_PROMPTS exceeds it (Alpaca's 1k records).
 # PREDICTOR=oracle gives the length-aware policies the true lengths instead of the embedded
 # predictor (the mechanism without prediction error).
 set -euo pipefail
@@ -17,9 +18,9 @@ esac
 path=${DATASET_PATH:-$path}
 mkdir -p "$out"
 sim() {   # policy predictor jct-slo
-  nice -n 10 lenserve simulate --hardware a100-80g --model-shape "$shape" \
+  nice -n 19 lenserve simulate --hardware a100-80g --model-shape "$shape" \
     --backends "sim:$1" --predictor "$2" --dataset-name "$dataset" --dataset-path "$path" \
-    --num-prompts "$num" --num-gpu-blocks "$blocks" --sweep-rates "$rates" --seed 0 \
+    --num-prompts "$num" --repeat-dataset --num-gpu-blocks "$blocks" --sweep-rates "$rates" --seed 0 \
     --jct-slo "$3" --disable-tqdm --result-json "$out/$1.json" --plot "$out/$1.png" \
     > "$out/$1.txt" 2> "$out/$1.err"
 }

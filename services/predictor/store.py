@@ -142,17 +142,20 @@ class LengthStore:
         name = self._collection(model, create=True)
         nearest = self._nearest(name, vectors)
         points: dict[str, models.PointStruct] = {}
-        pending_vecs: list[np.ndarray] = []
+        # Rows created so far in this batch, filled in place: stacking a growing list for
+        # every record made a large batch (a seed of thousands) quadratic.
+        pending_vecs = np.empty_like(vectors)
         pending_ids: list[str] = []
         ids, created, newly_observed = [], 0, 0
         for i, vec in enumerate(vectors):
-            target = self._merge_target(vec, nearest[i], pending_vecs, pending_ids, points)
+            target = self._merge_target(vec, nearest[i], pending_vecs[:len(pending_ids)],
+                                        pending_ids, points)
             if target is None:
                 pid = str(uuid.uuid4())
                 payload = {"model": model, "length": float(lengths[i]), "count": 1,
                            "last_seen": now, "observed": observed, "encoder": self.encoder}
                 points[pid] = models.PointStruct(id=pid, vector=vec.tolist(), payload=payload)
-                pending_vecs.append(vec)
+                pending_vecs[len(pending_ids)] = vec
                 pending_ids.append(pid)
                 created += 1
                 newly_observed += observed
@@ -191,8 +194,8 @@ class LengthStore:
 
     def _merge_target(self, vec, hit, pending_vecs, pending_ids, points):
         # Duplicates inside one batch must merge with each other, not only with the DB.
-        if pending_vecs:
-            sims = np.stack(pending_vecs) @ vec
+        if len(pending_vecs):
+            sims = pending_vecs @ vec
             j = int(np.argmax(sims))
             if sims[j] >= self.config.merge_threshold:
                 return pending_ids[j], points[pending_ids[j]]
