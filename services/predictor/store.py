@@ -142,18 +142,17 @@ class LengthStore:
         name = self._collection(model, create=True)
         nearest = self._nearest(name, vectors)
         points: dict[str, models.PointStruct] = {}
-        pending_vecs: list[np.ndarray] = []
-        pending_ids: list[str] = []
+        twins = self._batch_twins(vectors)
+        created_as: dict[int, str] = {}  # batch index -> the new point it created
         ids, created, newly_observed = [], 0, 0
         for i, vec in enumerate(vectors):
-            target = self._merge_target(vec, nearest[i], pending_vecs, pending_ids, points)
+            target = self._merge_target(i, nearest[i], twins, created_as, points)
             if target is None:
                 pid = str(uuid.uuid4())
                 payload = {"model": model, "length": float(lengths[i]), "count": 1,
                            "last_seen": now, "observed": observed, "encoder": self.encoder}
                 points[pid] = models.PointStruct(id=pid, vector=vec.tolist(), payload=payload)
-                pending_vecs.append(vec)
-                pending_ids.append(pid)
+                created_as[i] = pid
                 created += 1
                 newly_observed += observed
             else:
@@ -189,13 +188,26 @@ class LengthStore:
                                    payload=found[hit[1]].payload, vector=found[hit[1]].vector)
                 if hit and hit[1] in found else None for hit in hits]
 
-    def _merge_target(self, vec, hit, pending_vecs, pending_ids, points):
-        # Duplicates inside one batch must merge with each other, not only with the DB.
-        if pending_vecs:
-            sims = np.stack(pending_vecs) @ vec
-            j = int(np.argmax(sims))
-            if sims[j] >= self.config.merge_threshold:
-                return pending_ids[j], points[pending_ids[j]]
+    def _batch_twins(self, vectors: np.ndarray, block: int = 1024) -> list[list[tuple]]:
+        """Per record, the earlier records of its batch close enough to merge with, as
+        (similarity, index); one blocked matrix product (seeding passes thousands)."""
+        twins: list[list[tuple]] = [[] for _ in range(len(vectors))]
+        vectors = np.asarray(vectors, np.float32)
+        for start in range(0, len(vectors), block):
+            sims = vectors[start:start + block] @ vectors[:start + block].T
+            rows, cols = np.nonzero(sims >= self.config.merge_threshold)
+            for r, c in zip(rows.tolist(), cols.tolist()):
+                if c < start + r:
+                    twins[start + r].append((float(sims[r, c]), c))
+        return twins
+
+    def _merge_target(self, i: int, hit, twins, created_as, points):
+        # Duplicates inside one batch must merge with each other, not only with the DB: the
+        # most similar earlier record that created a point.
+        mates = [(sim, j) for sim, j in twins[i] if j in created_as]
+        if mates:
+            pid = created_as[max(mates, key=lambda m: (m[0], -m[1]))[1]]
+            return pid, points[pid]
         if hit is None or hit.score < self.config.merge_threshold:
             return None
         pid = str(hit.id)
