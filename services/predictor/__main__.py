@@ -42,6 +42,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="also embed a prompt's last N characters (0 = head only)")
     g.add_argument("--mlp-ensemble", type=int, default=3, help="MLPs averaged (seeds)")
     g.add_argument("--max-points", type=int, default=50_000, help="DB bound per model")
+    g.add_argument("--observed-parity", type=int, default=PredictorConfig.observed_parity,
+                   help="observed completions that weigh as much as all the seed data in the "
+                        "MLP's training (a seed neighbour then weighs half an observed one)")
 
 
 def encoder_beside_db(qdrant_path: str, qdrant_url: str | None) -> str | None:
@@ -69,6 +72,7 @@ def config_from_args(args) -> PredictorConfig:
                           max_points_per_model=args.max_points),
         default_model=args.model, top_k=args.top_k,
         similarity_threshold=args.similarity_threshold,
+        observed_parity=args.observed_parity,
         retrain_every=getattr(args, "retrain_every", 1000))
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from services.predictor import datasets
 from services.predictor.config import PredictorConfig, StoreConfig
 from services.predictor.core import Predictor
+from services.predictor.eval_vectors import VectorReuse
 from services.predictor.finetune import fine_tune_encoder
 from services.predictor.metrics import LengthMetrics, latency_percentiles, length_metrics
 from services.predictor.proxy import ProxyConfig, ProxyRegressor
@@ -50,11 +51,15 @@ def prepare(train, test, tokenizer) -> EvalData:
 
 
 def build_predictor(data: EvalData, config: PredictorConfig,
-                    calib_fraction: float = CALIB_FRACTION, tune: bool = True):
-    """Seed the DB, train the MLP, then calibrate on a held-out slice of the training part."""
+                    calib_fraction: float = CALIB_FRACTION, tune: bool = True,
+                    vectors: VectorReuse | None = None):
+    """Seed the DB, train the MLP, then calibrate on a held-out slice of the training part.
+    `vectors`: bulk-embedded prompts reused from earlier runs (timings still embed)."""
     config = dataclasses.replace(config, store=StoreConfig(qdrant_path=":memory:"),
                                  retrain_every=0, default_model=EVAL_MODEL)
-    predictor = Predictor(config)
+    embedder = None if vectors is None else vectors.embedder(config.embedder,
+                                                             config.max_prompt_chars)
+    predictor = Predictor(config, embedder=embedder)
     n_fit = int(len(data.train_prompts) * (1 - calib_fraction))
     predictor.seed(EVAL_MODEL, data.train_prompts[:n_fit], data.train_lengths[:n_fit])
     predictor.retrain(EVAL_MODEL)
@@ -118,7 +123,7 @@ def time_calls(fn, prompts: list[str], single: int = 200, batches: int = 10):
 
 def run(data: EvalData, config: PredictorConfig, proxy_config: ProxyConfig,
         width: int = 100, num_buckets: int = 10, with_proxy: bool = True,
-        finetune: ProxyConfig | None = None) -> list[Row]:
+        finetune: ProxyConfig | None = None, vectors: VectorReuse | None = None) -> list[Row]:
     """The baselines, then ALISE on the configured encoder and, with `finetune`, on an encoder
     fine-tuned on the same training records the DB and MLP learn from (never the test part)."""
     real = data.test_lengths
@@ -128,11 +133,12 @@ def run(data: EvalData, config: PredictorConfig, proxy_config: ProxyConfig,
     if with_proxy:
         rows.append(_proxy_row(data, proxy_config, metric))
         log.info("proxy baseline done at %.0fs", time.perf_counter() - t0)
-    rows += _alise_rows(data, config, metric)
+    rows += _alise_rows(data, config, metric, vectors=vectors)
     log.info("ALISE done at %.0fs", time.perf_counter() - t0)
     if finetune is not None:
         rows += with_tuned_encoder(data, config, finetune, lambda tuned, fit_s: _alise_rows(
-            data, tuned, metric, " + tuned encoder", f"encoder fine-tuned in {fit_s:.0f}s, "))
+            data, tuned, metric, " + tuned encoder", f"encoder fine-tuned in {fit_s:.0f}s, ",
+            vectors))
         log.info("ALISE with a tuned encoder done at %.0fs", time.perf_counter() - t0)
     return rows
 
@@ -150,8 +156,8 @@ def with_tuned_encoder(data: EvalData, config: PredictorConfig, finetune: ProxyC
 
 
 def _alise_rows(data: EvalData, config: PredictorConfig, metric, suffix: str = "",
-                note: str = "") -> list[Row]:
-    predictor = build_predictor(data, config)
+                note: str = "", vectors: VectorReuse | None = None) -> list[Row]:
+    predictor = build_predictor(data, config, vectors=vectors)
     vectors = predictor.embedder.encode(data.test_prompts)
     s0 = predictor.config.similarity_threshold
     rows = []

@@ -16,6 +16,7 @@ import numpy as np
 
 from services.predictor.config import PredictorConfig
 from services.predictor.core import Predictor
+from services.predictor.eval_vectors import VectorReuse
 from services.predictor.evaluate import EVAL_MODEL, EvalData, Row, build_predictor
 from services.predictor.types import Completion
 
@@ -36,9 +37,9 @@ def scaled(lengths, scale: float) -> np.ndarray:
 
 
 def run(data: ShiftData, config: PredictorConfig, metric, checkpoints=(100,),
-        suffix: str = "") -> list[Row]:
+        suffix: str = "", vectors: VectorReuse | None = None) -> list[Row]:
     """Cold, after each checkpoint and after all observed completions, observed-only."""
-    predictor = build_predictor(data.seed, config)
+    predictor = build_predictor(data.seed, config, vectors=vectors)
     # Built without automatic retraining; served, it retrains as observations arrive.
     predictor.config = dataclasses.replace(predictor.config,
                                            retrain_every=config.retrain_every or 1000)
@@ -59,7 +60,7 @@ def run(data: ShiftData, config: PredictorConfig, metric, checkpoints=(100,),
     rows[-1] = dataclasses.replace(rows[-1], **{**timing,
                                                 "note": f"{rows[-1].note}; {timing['note']}"})
     predictor.store.close()
-    rows.append(_observed_only(data, config, metric, suffix))
+    rows.append(_observed_only(data, config, metric, suffix, vectors))
     return rows
 
 
@@ -108,11 +109,12 @@ def _timing(predictor: Predictor, prompts: list[str], lengths, batches: int = 8)
             "note": f"predict {per(predict_s):.1f} + observe {per(observe_s):.1f} ms/prompt"}
 
 
-def _observed_only(data: ShiftData, config: PredictorConfig, metric, suffix: str) -> Row:
+def _observed_only(data: ShiftData, config: PredictorConfig, metric, suffix: str,
+                   vectors: VectorReuse | None = None) -> Row:
     n = len(data.observe_prompts)
     alone = EvalData(data.observe_prompts, np.asarray(data.observe_lengths),
                      data.seed.test_prompts, data.seed.test_lengths)
-    predictor = build_predictor(alone, config)
+    predictor = build_predictor(alone, config, vectors=vectors)
     row = _row(predictor, alone.test_prompts, metric,
                f"observed only ({n}){suffix}", "ALISE on the observed completions alone")
     predictor.store.close()
