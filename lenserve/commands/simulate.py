@@ -8,6 +8,7 @@ backends are ``sim:<policy>``."""
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from importlib import resources
@@ -94,6 +95,8 @@ def run_simulate(args: argparse.Namespace) -> int:
                              max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     workloads = build_workloads(args, load_samples(args.dataset_name, args.dataset_path),
                                 sample_config(args), rates, tokenizer)
+    # What is loaded so far lives for the whole command: keep the cycle collector off it.
+    gc.freeze()
     text = _prompt_text(tokenizer) if args.predictor not in ("none", "oracle") else None
     print("\n".join(target.notes), file=sys.stderr)
     runs = []
