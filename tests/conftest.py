@@ -1,4 +1,5 @@
-"""Suite-wide set-up: offline model hubs, Triton's interpreter without a GPU, the gpu marker."""
+"""Suite-wide set-up: offline model hubs, no token-count cache in the home directory,
+Triton's interpreter without a GPU, the gpu marker."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,9 @@ import os
 # decorator runs, and nothing may be fetched from a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Commands run by the tests keep no token counts in the user's cache (the cache's own tests
+# give it a directory).
+os.environ.setdefault("LENSERVE_CACHE_DIR", "off")
 
 import pytest
 import torch

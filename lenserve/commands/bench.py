@@ -33,6 +33,7 @@ from lenserve.workloads import (
     sample_requests,
 )
 from lenserve.workloads.arrivals import check_rate
+from lenserve.workloads.token_cache import TokenCache, default_cache_dir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -79,6 +80,9 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--result-json", help="write summaries and per-request records here")
     p.add_argument("--plot", help="PNG path for the sweep figure (default: next to the JSON)")
     p.add_argument("--disable-tqdm", action="store_true")
+    p.add_argument("--no-token-cache", action="store_true",
+                   help="count the dataset's tokens afresh instead of reusing the counts kept "
+                        "in $LENSERVE_CACHE_DIR (default ~/.cache/lenserve; 'off' disables)")
 
 
 def parse_rates(args: argparse.Namespace) -> list[float]:
@@ -123,7 +127,9 @@ def sample_config(args: argparse.Namespace) -> SampleConfig:
 def build_workloads(args: argparse.Namespace, samples: list[Sample], cfg: SampleConfig,
                     rates: list[float], tokenizer) -> list[Workload]:
     """The same sampled requests, timed once per request rate."""
-    chosen = sample_requests(samples, cfg, tokenizer)
+    directory = None if getattr(args, "no_token_cache", False) else default_cache_dir()
+    chosen = sample_requests(samples, cfg, tokenizer,
+                             cache=TokenCache.for_tokenizer(tokenizer, directory))
     return [build_workload(args.dataset_name, chosen, ArrivalConfig(
         rate, args.burstiness, args.seed, args.trace_timestamps, args.trace_time_scale))
         for rate in rates]

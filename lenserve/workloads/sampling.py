@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from lenserve.workloads.arrivals import synthetic_offsets, trace_offsets
+from lenserve.workloads.token_cache import TokenCache
 from lenserve.workloads.types import BenchRequest, Sample, Workload
 
 _BATCH = 256      # texts per tokenizer call
@@ -98,18 +99,45 @@ def _encode_batch(tokenizer: Any, texts: list[str], special: bool) -> list[list[
     return [_encode(tokenizer, text, special) for text in texts]
 
 
-def _lengths(batch: Sequence[Sample], tokenizer: Any, cfg: SampleConfig
-             ) -> list[tuple[tuple[int, ...] | None, int]]:
+def _prompt_ids(tokenizer: Any, texts: list[str], cache: TokenCache | None
+                ) -> list[tuple[int, ...]]:
+    """The ids of each prompt (with special tokens); ``cache`` answers those it has seen."""
+    if cache is None:
+        return [tuple(p) for p in _encode_batch(tokenizer, texts, special=True)]
+    out = [cache.get_prompt(t) for t in texts]
+    missing = [i for i, ids in enumerate(out) if ids is None]
+    counted = _encode_batch(tokenizer, [texts[i] for i in missing], True) if missing else []
+    for i, ids in zip(missing, counted):
+        out[i] = tuple(ids)
+        cache.put_prompt(texts[i], out[i])
+    return out
+
+
+def _reply_lens(tokenizer: Any, texts: list[str], cache: TokenCache | None) -> list[int]:
+    """The length of each reply in generated tokens (no special tokens)."""
+    if cache is None:
+        return [len(r) for r in _encode_batch(tokenizer, texts, special=False)]
+    out = [cache.get_reply(t) for t in texts]
+    missing = [i for i, n in enumerate(out) if n is None]
+    counted = _encode_batch(tokenizer, [texts[i] for i in missing], False) if missing else []
+    for i, ids in zip(missing, counted):
+        out[i] = len(ids)
+        cache.put_reply(texts[i], out[i])
+    return out
+
+
+def _lengths(batch: Sequence[Sample], tokenizer: Any, cfg: SampleConfig,
+             cache: TokenCache | None = None) -> list[tuple[tuple[int, ...] | None, int]]:
     """Prompt ids (None for length traces, synthesised later) and the output length of each
     sample. A reference is counted only when its prompt could fit (else it is never used)."""
     texts = [i for i, sample in enumerate(batch) if sample.prompt is not None]
     if texts and tokenizer is None:
         raise ValueError("a tokenizer is needed to count the tokens of a text dataset")
-    prompts = _encode_batch(tokenizer, [batch[i].prompt for i in texts], special=True)
-    ids: dict[int, tuple[int, ...]] = {i: tuple(p) for i, p in zip(texts, prompts)}
+    prompts = _prompt_ids(tokenizer, [batch[i].prompt for i in texts], cache)
+    ids: dict[int, tuple[int, ...]] = dict(zip(texts, prompts))
     counted = [] if cfg.fixed_output_len else [i for i in texts if _prompt_fits(len(ids[i]), cfg)]
-    replies = _encode_batch(tokenizer, [batch[i].reference or "" for i in counted], special=False)
-    reply_len = {i: len(r) for i, r in zip(counted, replies)}
+    replies = _reply_lens(tokenizer, [batch[i].reference or "" for i in counted], cache)
+    reply_len = dict(zip(counted, replies))
     out: list[tuple[tuple[int, ...] | None, int]] = []
     for i, sample in enumerate(batch):
         if sample.prompt is None:
@@ -140,9 +168,20 @@ def _candidate_order(samples: Sequence[Sample], cfg: SampleConfig) -> list[int]:
 
 
 def sample_requests(samples: Sequence[Sample], cfg: SampleConfig, tokenizer: Any = None,
-                    vocab_size: int | None = None) -> list[tuple[BenchRequest, Sample]]:
+                    vocab_size: int | None = None, cache: TokenCache | None = None
+                    ) -> list[tuple[BenchRequest, Sample]]:
     """``cfg.num_prompts`` requests (arrival offsets still 0) with the samples they came from;
-    the same seed gives the same requests."""
+    the same seed gives the same requests. ``cache`` (the tokenizer's) keeps token counts
+    between runs: the same requests, without tokenizing texts counted before."""
+    try:
+        return _sample(samples, cfg, tokenizer, vocab_size, cache)
+    finally:
+        if cache is not None:
+            cache.save()
+
+
+def _sample(samples: Sequence[Sample], cfg: SampleConfig, tokenizer: Any,
+            vocab_size: int | None, cache: TokenCache | None) -> list[tuple[BenchRequest, Sample]]:
     synth, chosen = None, []
     order = _candidate_order(samples, cfg)
     start = 0
@@ -152,7 +191,7 @@ def sample_requests(samples: Sequence[Sample], cfg: SampleConfig, tokenizer: Any
         batch = order[start:start + size]
         start += size
         for index, (ids, output_len) in zip(batch, _lengths([samples[i] for i in batch],
-                                                            tokenizer, cfg)):
+                                                            tokenizer, cfg, cache)):
             sample = samples[index]
             prompt_len = len(ids) if ids is not None else (sample.prompt_len or 0)
             if not _fits(prompt_len, output_len, cfg):

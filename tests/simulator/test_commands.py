@@ -40,3 +40,30 @@ def test_profiler_times_the_real_executor():
     profiler = Profiler(executor, repeats=1)
     points = [profiler.measure(g) for g in grid(64, 64 * 16, 1024, large=False)[:2]]
     assert all(p.median_s > 0 and len(p.seconds) == 1 for p in points)
+
+
+def test_simulate_reuses_token_counts_across_runs(tmp_path, monkeypatch):
+    records = [{"conversations": [
+        {"from": "human", "value": f"Tell me about topic {i}. " * (2 + i % 5)},
+        {"from": "gpt", "value": "Here is what I know about it. " * (2 + i % 11)}]}
+        for i in range(40)]
+    dataset = tmp_path / "chat.json"
+    dataset.write_text(json.dumps(records))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LENSERVE_CACHE_DIR", str(cache))
+
+    def run(name, *extra):
+        out = tmp_path / name
+        assert main(["simulate", "--backends", "sim:vllm", "--dataset-name", "sharegpt",
+                     "--dataset-path", str(dataset), "--num-prompts", "30", "--request-rate",
+                     "4", "--result-json", str(out), "--disable-tqdm", *extra]) == 0
+        return json.loads(out.read_text())["runs"]
+
+    fresh = run("fresh.json", "--no-token-cache")
+    assert not cache.exists()
+    cold = run("cold.json")
+    (written,) = (cache / "token-counts").iterdir()
+    mtime = written.stat().st_mtime_ns
+    warm = run("warm.json")
+    assert fresh == cold == warm
+    assert written.stat().st_mtime_ns == mtime        # nothing new to count: not rewritten
