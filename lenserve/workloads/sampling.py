@@ -104,25 +104,25 @@ def _prompt_ids(tokenizer: Any, texts: list[str], cache: TokenCache | None
     """The ids of each prompt (with special tokens); ``cache`` answers those it has seen."""
     if cache is None:
         return [tuple(p) for p in _encode_batch(tokenizer, texts, special=True)]
-    out = [cache.get_prompt(t) for t in texts]
-    missing = [i for i, ids in enumerate(out) if ids is None]
-    counted = _encode_batch(tokenizer, [texts[i] for i in missing], True) if missing else []
-    for i, ids in zip(missing, counted):
-        out[i] = tuple(ids)
-        cache.put_prompt(texts[i], out[i])
-    return out
+    return _through_cache(tokenizer, texts, True, cache.get_prompt, cache.put_prompt, tuple)
 
 
 def _reply_lens(tokenizer: Any, texts: list[str], cache: TokenCache | None) -> list[int]:
     """The length of each reply in generated tokens (no special tokens)."""
     if cache is None:
         return [len(r) for r in _encode_batch(tokenizer, texts, special=False)]
-    out = [cache.get_reply(t) for t in texts]
-    missing = [i for i, n in enumerate(out) if n is None]
-    counted = _encode_batch(tokenizer, [texts[i] for i in missing], False) if missing else []
+    return _through_cache(tokenizer, texts, False, cache.get_reply, cache.put_reply, len)
+
+
+def _through_cache(tokenizer: Any, texts: list[str], special: bool, get, put, value) -> list:
+    """``value(ids)`` of each text: from ``get`` where the cache has it, else tokenized in
+    one batch and stored with ``put``."""
+    out = [get(t) for t in texts]
+    missing = [i for i, v in enumerate(out) if v is None]
+    counted = _encode_batch(tokenizer, [texts[i] for i in missing], special) if missing else []
     for i, ids in zip(missing, counted):
-        out[i] = len(ids)
-        cache.put_reply(texts[i], out[i])
+        out[i] = value(ids)
+        put(texts[i], out[i])
     return out
 
 
