@@ -108,13 +108,18 @@ def _openai_chat_and_stream(url: str) -> None:
     assert len("".join(c.choices[0].text for c in chunks if c.choices)) == 4
 
 
-@pytest.mark.slow
-def test_up_restarts_a_killed_executor_and_serves_again():
+
+def _start_up(*flags: str):
+    """``lenserve up --model fake FLAGS`` from this checkout, and its output lines."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "lenserve.cli", "up", "--model", "fake",
-                             "--no-predictor"], cwd=ROOT, env=env, text=True,
+                             *flags], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    lines = _lines(proc)
+    return proc, _lines(proc)
+
+@pytest.mark.slow
+def test_up_restarts_a_killed_executor_and_serves_again():
+    proc, lines = _start_up("--no-predictor")
     try:
         out = "".join(_wait_for(lines, "ready", 240))
         scheduler = re.search(r"scheduler\s+grpc://(\S+)", out).group(1)
@@ -188,11 +193,7 @@ def test_up_serves_through_a_killed_predictor_and_uses_it_again_after_restart():
     default predictions), and once ``lenserve up`` has restarted it the scheduler's
     predictions come from it again (retrieval from what it learnt since the restart: its
     in-memory DB starts empty)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "lenserve.cli", "up", "--model", "fake"],
-                            cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    lines = _lines(proc)
+    proc, lines = _start_up()
     try:
         out = "".join(_wait_for(lines, "ready", 240))
         url = re.search(r"gateway\s+(http://\S+)", out).group(1)
