@@ -8,6 +8,7 @@ COPY pyproject.toml README.md ./
 COPY lenserve ./lenserve
 COPY lenserve_contract ./lenserve_contract
 COPY services ./services
+COPY gateway ./gateway
 COPY protos ./protos
 RUN pip install --no-cache-dir .
 ENTRYPOINT ["lenserve"]

@@ -34,21 +34,30 @@ class LazySchedulerClient:
         return await self._get().stats()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
-    p.add_argument("--scheduler", required=True, help="scheduler service, HOST:PORT")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The gateway's flags (``python -m gateway`` and ``lenserve serve-gateway``)."""
+    p.add_argument("--scheduler", required=True,
+                   help="scheduler service, [grpc://]HOST:PORT")
     p.add_argument("--model", default="", help="served model (name, and tokenizer for chat "
                                                "templates; empty: plain chat rendering)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     add_gateway_arguments(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
+    add_arguments(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    return serve(build_parser().parse_args(argv))
+
+
+def serve(args: argparse.Namespace) -> int:
     from gateway import create_app
     from gateway.server import bind, make_server, url_of
 
-    args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     config = gateway_config(args, model=args.model or "default")
     tokenizer = _tokenizer(args.model)

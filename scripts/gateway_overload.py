@@ -2,6 +2,7 @@
 time. Every request must end with 200, 429 or 503 (none hangs); reports the server's peak RSS.
 
     python scripts/gateway_overload.py --model fake --seconds 10
+    python scripts/gateway_overload.py --model opt-125m --seconds 60
 """
 from __future__ import annotations
 
@@ -107,14 +108,21 @@ def main() -> None:
     try:
         sustainable = asyncio.run(burst(url, args.burst, args.max_tokens))
         print(f"sustainable: {sustainable:.1f} req/s ({args.burst} at once, "
-              f"{args.max_tokens} tokens each)")
+              f"{args.max_tokens} tokens each); server peak RSS so far "
+              f"{peak_rss_mib(proc.pid):.0f} MiB")
         codes, offered, took = asyncio.run(overload(url, 10 * sustainable, args.seconds,
                                                     args.max_tokens, args.timeout))
         print(f"overload: offered {offered:.1f} req/s for {args.seconds:.0f} s, all answered "
               f"after {took:.1f} s: {dict(codes)}")
         print(f"server peak RSS: {peak_rss_mib(proc.pid):.0f} MiB")
+        health = httpx.get(f"{url}/health", timeout=30).status_code
+        after = asyncio.run(one(url, args.max_tokens, args.timeout))
+        print(f"afterwards: /health {health}, one more request {after}")
         bad = {k: v for k, v in codes.items() if k not in ("200", "429", "503")}
-        print("OK: every request completed or was refused" if not bad else f"FAILED: {bad}")
+        if health != 200 or after != "200":
+            bad["unhealthy afterwards"] = 1
+        print("OK: every request completed or was refused, healthy afterwards" if not bad
+              else f"FAILED: {bad}")
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)

@@ -25,7 +25,8 @@ def test_lenserve_commands_parse():
 
 
 def test_every_environment_setting_is_read_by_the_code():
-    sources = "\n".join(p.read_text() for p in (ROOT / "services").rglob("*.py"))
+    sources = "\n".join(p.read_text() for pkg in ("services", "gateway")
+                         for p in (ROOT / pkg).rglob("*.py"))
     for svc in _lenserve_services().values():
         for key in svc.get("environment", {}):
             assert key in sources, f"{key} is set in docker-compose.yml but nothing reads it"
@@ -53,7 +54,7 @@ def test_every_lenserve_service_has_a_health_check_on_its_own_port():
 def test_grpc_targets_name_a_service_listening_there():
     services = COMPOSE["services"]
     for svc in _lenserve_services().values():
-        for flag in ("--executor", "--predictor", "--kvmanager"):
+        for flag in ("--executor", "--predictor", "--kvmanager", "--scheduler"):
             target = _flag(svc.get("command", []), flag)
             if target is None or not target.startswith("grpc://"):
                 continue
@@ -68,6 +69,7 @@ def test_start_order_waits_for_healthy_dependencies():
     for dep in ("executor", "kvmanager", "predictor"):
         assert depends[dep]["condition"] == "service_healthy" and "healthcheck" in services[dep]
     assert services["kvmanager"]["depends_on"]["executor"]["condition"] == "service_healthy"
+    assert services["gateway"]["depends_on"]["scheduler"]["condition"] == "service_healthy"
 
 
 def test_kvmanager_shares_the_executors_shared_memory():
@@ -85,3 +87,20 @@ def test_health_checks_run_code_that_exists():
     for name in ("scheduler", "executor", "kvmanager"):
         args = parser.parse_args(COMPOSE["services"][name]["command"])
         assert args.func.__module__.startswith("services."), name
+    args = parser.parse_args(COMPOSE["services"]["gateway"]["command"])
+    assert args.func.__module__ == "gateway.__main__"
+
+
+def test_gateway_health_check_probes_a_route_the_gateway_serves():
+    from gateway import GatewayConfig, create_app
+
+    probe = " ".join(COMPOSE["services"]["gateway"]["healthcheck"]["test"])
+    path = probe.split("127.0.0.1:8000", 1)[1].split("'")[0]
+    app = create_app(None, GatewayConfig(served_model_name="x"))
+    assert path in app.openapi()["paths"], path
+
+
+def test_the_image_carries_every_package_the_commands_import():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for package in ("lenserve", "lenserve_contract", "services", "gateway", "protos"):
+        assert f"COPY {package} ./{package}" in dockerfile, package

@@ -1,9 +1,11 @@
-"""``lenserve serve-scheduler`` / ``serve-executor`` / ``serve-kvmanager``: the services' own
-``__main__`` parsers and entry points, under the one command."""
+"""``lenserve serve-scheduler`` / ``serve-executor`` / ``serve-kvmanager`` /
+``serve-gateway``: the services' own ``__main__`` parsers and entry points, under the one
+command."""
 from __future__ import annotations
 
 
 def register(subparsers) -> None:
+    from gateway import __main__ as gateway_main
     from services.executor import __main__ as executor_main
     from services.kvmanager import __main__ as kvmanager_main
     from services.scheduler import __main__ as scheduler_main
@@ -21,3 +23,7 @@ def register(subparsers) -> None:
                               "python -m services.kvmanager)")
     kvmanager_main.add_arguments(k)
     k.set_defaults(func=kvmanager_main.serve)
+    g = subparsers.add_parser("serve-gateway", help="run the OpenAI-compatible REST gateway in "
+                              "front of a scheduler service (same flags as python -m gateway)")
+    gateway_main.add_arguments(g)
+    g.set_defaults(func=gateway_main.serve)
