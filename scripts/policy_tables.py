@@ -1,11 +1,13 @@
-"""Tables and the figure of the simulated policy sweep (``scripts/policy_sweep.sh``).
+"""Tables and the figure of a policy sweep: simulated (``scripts/policy_sweep.sh``) or real
+(``lenserve bench`` with ``lenserve:<policy>`` backends and ``--sweep-rates``).
 
     python scripts/policy_tables.py RAW_DIR LABEL --out results/policies [--slo 0.05 0.1]
 
-RAW_DIR holds one ``lenserve simulate`` result JSON per policy. Writes LABEL.summary.json (each
+RAW_DIR holds ``lenserve simulate`` or ``lenserve bench`` result JSONs (one per policy, or one
+with every policy). Writes LABEL.summary.json (each
 run's summary plus prediction statistics, without per-request records), LABEL.png (normalized
 latency vs rate) and LABEL.md (the tables), and prints the tables. Every figure comes from the
-summaries ``lenserve simulate`` computed (``lenserve/bench/metrics.py``); what is derived here
+summaries ``lenserve simulate`` / ``bench`` computed (``lenserve/bench/metrics.py``); what is derived here
 is the sustained rate (interpolated where normalized latency crosses the SLO) and the
 prediction error (predicted vs forced output length per request).
 """
@@ -34,7 +36,7 @@ def load_runs(raw: Path) -> list[dict]:
             requests = run.pop("requests")
             run.pop("profile", None)
             run["predictions"] = prediction_stats(requests)
-            run["policy"] = run["backend"].removeprefix("sim:")
+            run["policy"] = run["backend"].removeprefix("sim:").removeprefix("lenserve:")
             runs.append(run)
     rank = {p: i for i, p in enumerate(ORDER)}
     return sorted(runs, key=lambda r: (rank.get(r["policy"], 99), r["request_rate"]))
@@ -159,7 +161,7 @@ def report(runs: list[dict], label: str, slos: list[float], bounds: list[float])
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("raw", type=Path, help="directory of lenserve simulate result JSONs")
+    ap.add_argument("raw", type=Path, help="directory of lenserve simulate / bench result JSONs")
     ap.add_argument("label", help="name of the outputs, e.g. sharegpt_llama-2-7b")
     ap.add_argument("--out", type=Path, default=Path("results/policies"))
     ap.add_argument("--title", help="figure title")

@@ -97,8 +97,7 @@ class AsyncEngine:
             except Exception as exc:  # noqa: BLE001 - an engine bug ends the streams, not silently
                 self._fail_all(exc)
                 continue
-            for out in outputs:
-                self._deliver(out.request_id, out, final=out.finished)
+            self._deliver_step(outputs)
         self._fail_all(RuntimeError("AsyncEngine shut down"))
 
     def _drain_commands(self) -> None:
@@ -138,8 +137,29 @@ class AsyncEngine:
             loop, out_queue = stream
             loop.call_soon_threadsafe(out_queue.put_nowait, item)
 
+    def _deliver_step(self, outputs: list[RequestOutput]) -> None:
+        """One iteration's outputs, posted with one wake-up per event loop (each
+        ``call_soon_threadsafe`` writes to the loop's wake-up pipe: one per request would cost a
+        system call per sequence per iteration on the engine thread)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for out in outputs:
+            rid = out.request_id
+            stream = self._streams.pop(rid, None) if out.finished else self._streams.get(rid)
+            if stream is not None:
+                by_loop.setdefault(stream[0], []).append((stream[1], out))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:    # that caller's event loop is closed: no one reads these
+                pass
+
     def _fail_all(self, exc: BaseException) -> None:
         self.error = exc
         for request_id in list(self._streams):
             self.engine.abort_request(request_id)
             self._deliver(request_id, exc, final=True)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for out_queue, item in items:
+        out_queue.put_nowait(item)

@@ -77,3 +77,28 @@ async def test_event_loop_stays_responsive_while_generating(engine):
     await collect(engine, "responsive", "r", max_tokens=60)
     task.cancel()
     assert ticks > 60
+
+
+def test_a_callers_closed_event_loop_does_not_stop_the_engine():
+    """Outputs for a request whose caller's event loop has closed are dropped; the engine
+    thread goes on serving the requests of other loops."""
+    e = AsyncEngine(make_engine(num_gpu_blocks=32))
+    try:
+        left = asyncio.new_event_loop()
+
+        async def start_and_leave():
+            stream = e.generate("left behind", SamplingParams(max_tokens=40, ignore_eos=True),
+                                "gone")
+            await anext(stream)          # the stream stays open; its loop closes under it
+
+        left.run_until_complete(start_and_leave())
+        left.close()
+
+        async def other():
+            return await asyncio.wait_for(collect(e, "still served", "kept", max_tokens=8), 60)
+
+        tokens, _, outs = asyncio.run(other())
+        assert len(tokens) == 8 and outs[-1].finished
+        assert e.error is None and e._thread.is_alive()
+    finally:
+        e.shutdown()
