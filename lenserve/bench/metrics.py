@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -69,11 +69,10 @@ class RequestRecord:
         return end - self.arrival_time
 
     def shifted(self, origin: float) -> RequestRecord:
-        """The same record with times measured from ``origin``."""
-        return RequestRecord(self.request_id, self.prompt_len, self.output_len,
-                             self.arrival_time - origin, [t - origin for t in self.token_times],
-                             None if self.finish_time is None else self.finish_time - origin,
-                             self.error, self.num_tokens)
+        """The same record with times measured from ``origin`` (every other field kept)."""
+        return replace(self, arrival_time=self.arrival_time - origin,
+                       token_times=[t - origin for t in self.token_times],
+                       finish_time=None if self.finish_time is None else self.finish_time - origin)
 
     def to_json(self) -> dict:
         # Fields copied one level deep (asdict deep-copies every token time).

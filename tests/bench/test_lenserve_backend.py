@@ -66,3 +66,33 @@ def test_requests_the_engine_drops_fail_instead_of_hanging():
     backend = LenserveBackend("lenserve:vllm", "vllm", BackendOptions(), engine=DroppingEngine())
     (record,) = replay(backend, make_workload([0.0]), QUIET).records
     assert record.error == "the engine dropped the request"
+
+
+def test_the_length_predictor_reads_the_decoded_prompt(tmp_path):
+    """Requests go in as token ids; the embedded predictor must still see their text (as in
+    ``lenserve simulate``), not an empty prompt."""
+    import json
+
+    from services.executor.fake import CharTokenizer
+
+    tok = CharTokenizer()
+    texts = ["write a long essay about rivers", "say yes", "list ten fruits", "hello there"]
+    seed = tmp_path / "seed.jsonl"
+    seed.write_text("".join(json.dumps({"prompt": t, "output_len": 5 + 10 * i}) + "\n"
+                            for i, t in enumerate(texts)))
+    requests = tuple(BenchRequest(f"r{i}", tuple(tok.encode(t)), 3, 0.0)
+                     for i, t in enumerate(texts))
+    b = create_backend(parse_backend_spec("lenserve:alise"),
+                       BackendOptions(model="fake", predictor="embedded",
+                                      predictor_seed=str(seed)))
+    b.start()
+    asked = []
+    pump = b.engine.predictions
+    submit = pump.submit
+    pump.submit = lambda rid, query: (asked.append(query.prompt), submit(rid, query))
+    try:
+        run = replay(b, Workload("w", requests), QUIET)
+    finally:
+        b.close()
+    assert all(r.success for r in run.records)
+    assert asked == texts

@@ -129,3 +129,12 @@ def test_jct_slo_parses_scale_or_scale_tp_tg():
     for bad in ("2:40", "0", "x", "2:40:-1"):
         with pytest.raises(ValueError, match="--jct-slo"):
             parse_jct_slo(bad)
+
+
+def test_shifting_a_record_keeps_its_prediction():
+    rec = RequestRecord("r", 4, 3, 10.0, [10.5, 10.6, 10.7], 10.8, None,
+                        predicted_len=7, prediction_source="retrieval")
+    moved = rec.shifted(10.0)
+    assert (moved.predicted_len, moved.prediction_source) == (7, "retrieval")
+    assert moved.arrival_time == 0.0 and moved.finish_time == pytest.approx(0.8)
+    assert moved.token_times == pytest.approx([0.5, 0.6, 0.7])

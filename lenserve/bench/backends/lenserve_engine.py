@@ -26,6 +26,7 @@ class LenserveBackend(Backend):
         self.engine = engine  # tests hand in a fake; start() builds the real one
         self._inflight: dict[str, _InFlight] = {}
         self._done: list[RequestRecord] = []
+        self._prompt_text = None    # token ids -> text, for a length predictor that reads it
 
     def start(self) -> None:
         if self.engine is None:
@@ -41,6 +42,13 @@ class LenserveBackend(Backend):
                 swap_space_gib=o.swap_space_gib, kv_int8=o.kv_int8, device=o.device,
                 dtype=o.dtype, enforce_eager=o.enforce_eager),
                 predictor_progress=_seed_progress)
+            if predictor not in ("none", "oracle"):
+                # Requests go in as token ids (no detokenizing); the predictor reads text: the
+                # decoded prompt, as the simulator hands it (``lenserve simulate``).
+                from services.executor.factory import load_tokenizer
+                tokenizer = load_tokenizer(o.model)
+                self._prompt_text = lambda ids: tokenizer.decode(list(ids),
+                                                                 skip_special_tokens=True)
 
     def submit(self, request: BenchRequest, arrival_time: float) -> None:
         key = self.unique_key(request)
@@ -49,7 +57,9 @@ class LenserveBackend(Backend):
         params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0,
                                 detokenize=False)
         try:
-            self.engine.add_request(key, prompt_token_ids=list(request.prompt_token_ids),
+            text = self._prompt_text(request.prompt_token_ids) if self._prompt_text else None
+            self.engine.add_request(key, prompt=text,
+                                    prompt_token_ids=list(request.prompt_token_ids),
                                     sampling_params=params, arrival_time=arrival_time,
                                     true_output_len=request.output_len)
         except ValueError as exc:  # InvalidRequestError: refused, not crashed
