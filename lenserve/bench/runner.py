@@ -72,13 +72,18 @@ def _submit_due(backend: Backend, pending: deque[BenchRequest], start: float) ->
 
 
 def warm_up(backend: Backend, workload: Workload, config: RunnerConfig = RunnerConfig()) -> None:
-    """Run a few shortened copies of the workload's first requests, untimed."""
+    """Run a few shortened copies of the workload's first requests, untimed. A backend that
+    learns from requests gets their shapes with other content (each prompt's first token
+    repeated), so that it learns nothing about the measured prompts."""
     head = workload.requests[:config.warmup_requests]
     if not head:
         return
     short = tuple(dataclasses.replace(r, request_id=f"warmup-{i}", arrival_offset=0.0,
                                       output_len=min(r.output_len, config.warmup_output_len))
                   for i, r in enumerate(head))
+    if backend.learns_from_requests:
+        short = tuple(dataclasses.replace(r, prompt=None, prompt_token_ids=(
+            r.prompt_token_ids[0],) * r.prompt_len) for r in short)
     quiet = dataclasses.replace(config, show_progress=False)
     run = replay(backend, Workload("warmup", short), quiet)
     failed = [r.error for r in run.records if not r.success]

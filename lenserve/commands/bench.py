@@ -143,7 +143,17 @@ def run_backend(spec: BackendSpec, options: BackendOptions, workloads: list[Work
         backend.start()
         warm_up(backend, workloads[0], runner)
         print(f"{spec.text}: ready in {time.monotonic() - began:.1f}s", file=sys.stderr)
-        return [replay(backend, w, runner, rate) for w, rate in zip(workloads, rates)]
+        runs = []
+        for i, (w, rate) in enumerate(zip(workloads, rates)):
+            if i and backend.learns_from_requests:
+                # Every rate replays the same prompts: a predictor that has seen their
+                # replies would predict them exactly. Each run starts from the same state.
+                backend.close()
+                backend = create_backend(spec, options)
+                backend.start()
+                warm_up(backend, w, runner)
+            runs.append(replay(backend, w, runner, rate))
+        return runs
     finally:
         backend.close()
 

@@ -82,3 +82,40 @@ def test_bad_input_is_refused_with_a_clear_error(argv, error, match):
 def test_unknown_dataset_name_is_an_argparse_error():
     with pytest.raises(SystemExit):
         parse("--dataset-name", "random")
+
+
+def test_a_backend_that_learns_starts_afresh_for_each_rate(monkeypatch):
+    """A sweep replays the same prompts at every rate: a backend whose predictor learns from
+    completions is rebuilt per rate and warmed up on prompts the workload does not hold."""
+    from lenserve.bench.backends import BackendOptions, parse_backend_spec
+    from lenserve.bench.runner import RunnerConfig
+    from lenserve.commands import bench as bench_cmd
+
+    from .fakes import SerialBackend, make_workload
+
+    built = []
+
+    class Learner(SerialBackend):
+        learns_from_requests = True
+
+        def __init__(self):
+            super().__init__()
+            self.prompts = []
+            built.append(self)
+
+        def submit(self, request, arrival_time):
+            self.prompts.append(request.prompt_token_ids)
+            super().submit(request, arrival_time)
+
+    monkeypatch.setattr(bench_cmd, "create_backend", lambda spec, options: Learner())
+    workload = make_workload([0.0, 0.0], prompt_len=4)
+    runs = bench_cmd.run_backend(parse_backend_spec("lenserve:alise"), BackendOptions(),
+                                 [workload, workload], [1.0, 2.0],
+                                 RunnerConfig(show_progress=False, warmup_requests=1))
+    assert len(runs) == 2 and all(r.success for run in runs for r in run.records)
+    assert len(built) == 2                               # one backend per rate
+    measured = {r.prompt_token_ids for r in workload.requests}
+    for backend in built:
+        warm, rest = backend.prompts[0], backend.prompts[1:]
+        assert warm not in measured and len(warm) == 4   # same shape, other content
+        assert set(rest) == measured

@@ -73,6 +73,14 @@ class Backend(ABC):
     def close(self) -> None:
         """Release the model or connection."""
 
+    @property
+    def learns_from_requests(self) -> bool:
+        """True when serving a request changes how the backend treats later ones beyond its
+        caches (a length predictor learning from completions): the runs of a sweep replay the
+        same prompts, so such a backend is restarted for each run and warmed up on prompts the
+        workload does not hold, lest a run be predicted from the replies of the one before."""
+        return False
+
     def profile(self):
         """A cumulative ``StepProfile`` of where the backend's time went, if it keeps one."""
         return

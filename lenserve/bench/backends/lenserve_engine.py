@@ -50,6 +50,11 @@ class LenserveBackend(Backend):
                 self._prompt_text = lambda ids: tokenizer.decode(list(ids),
                                                                  skip_special_tokens=True)
 
+    @property
+    def learns_from_requests(self) -> bool:
+        # The embedded predictor (or a predictor service) observes every finished request.
+        return self.options.predictor not in ("none", "oracle") and self.policy != "oracle"
+
     def submit(self, request: BenchRequest, arrival_time: float) -> None:
         key = self.unique_key(request)
         # Outputs are forced to the dataset's length, as the papers and vLLM's benchmark do.
