@@ -3,8 +3,10 @@ alike (the REST gateway runs unchanged over either)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
+
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -98,7 +100,17 @@ async def test_bad_input_raises_invalid_request_with_its_field(front):
     assert len(tokens) == 3
 
 
-async def test_abort_and_early_close_end_requests(front):
+async def test_abort_and_early_close_end_requests(front, served, monkeypatch):
+    # The fake model would finish all its tokens before an abort can travel (a race under
+    # load): each iteration takes 2 ms here.
+    executor = served[0].engine.executor
+    execute = executor.execute
+
+    def slow_execute(batch):
+        time.sleep(0.002)
+        return execute(batch)
+
+    monkeypatch.setattr(executor, "execute", slow_execute)
     stream = front.generate("abort me", SamplingParams(max_tokens=500, ignore_eos=True), "ab")
     first = await stream.__anext__()
     assert not first.finished and await front.abort("ab")
