@@ -137,25 +137,25 @@ def build_workloads(args: argparse.Namespace, samples: list[Sample], cfg: Sample
 
 def run_backend(spec: BackendSpec, options: BackendOptions, workloads: list[Workload],
                 rates: list[float], runner: RunnerConfig) -> list[BackendRun]:
-    backend = create_backend(spec, options)
+    began, backend, runs = time.monotonic(), None, []
     try:
-        began = time.monotonic()
-        backend.start()
-        warm_up(backend, workloads[0], runner)
-        print(f"{spec.text}: ready in {time.monotonic() - began:.1f}s", file=sys.stderr)
-        runs = []
-        for i, (w, rate) in enumerate(zip(workloads, rates)):
-            if i and backend.learns_from_requests:
-                # Every rate replays the same prompts: a predictor that has seen their
-                # replies would predict them exactly. Each run starts from the same state.
-                backend.close()
+        for w, rate in zip(workloads, rates):
+            # Every rate replays the same prompts: a backend whose predictor has seen their
+            # replies would predict them exactly, so such a backend starts afresh per run.
+            if backend is None or backend.learns_from_requests:
+                if backend is not None:
+                    backend.close()
                 backend = create_backend(spec, options)
                 backend.start()
                 warm_up(backend, w, runner)
+                if not runs:
+                    print(f"{spec.text}: ready in {time.monotonic() - began:.1f}s",
+                          file=sys.stderr)
             runs.append(replay(backend, w, runner, rate))
         return runs
     finally:
-        backend.close()
+        if backend is not None:
+            backend.close()
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -132,24 +132,24 @@ class AsyncEngine:
         return self.engine.stats()
 
     def _deliver(self, request_id: str, item, final: bool) -> None:
-        stream = self._streams.pop(request_id, None) if final else self._streams.get(request_id)
-        if stream is not None:
-            loop, out_queue = stream
-            loop.call_soon_threadsafe(out_queue.put_nowait, item)
+        self._post([(request_id, item, final)])
 
     def _deliver_step(self, outputs: list[RequestOutput]) -> None:
-        """One iteration's outputs, posted with one wake-up per event loop (each
-        ``call_soon_threadsafe`` writes to the loop's wake-up pipe: one per request would cost a
-        system call per sequence per iteration on the engine thread)."""
+        self._post([(out.request_id, out, out.finished) for out in outputs])
+
+    def _post(self, items) -> None:
+        """Hand ``(request_id, output or exception, final)`` items to their callers' queues,
+        with one wake-up per event loop (each ``call_soon_threadsafe`` writes to the loop's
+        wake-up pipe: one per request would cost a system call per sequence per iteration on
+        the engine thread). A final item ends its stream."""
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for out in outputs:
-            rid = out.request_id
-            stream = self._streams.pop(rid, None) if out.finished else self._streams.get(rid)
+        for rid, item, final in items:
+            stream = self._streams.pop(rid, None) if final else self._streams.get(rid)
             if stream is not None:
-                by_loop.setdefault(stream[0], []).append((stream[1], out))
-        for loop, items in by_loop.items():
+                by_loop.setdefault(stream[0], []).append((stream[1], item))
+        for loop, queued in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_put_all, items)
+                loop.call_soon_threadsafe(_put_all, queued)
             except RuntimeError:    # that caller's event loop is closed: no one reads these
                 pass
 
@@ -160,6 +160,6 @@ class AsyncEngine:
             self._deliver(request_id, exc, final=True)
 
 
-def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
     for out_queue, item in items:
         out_queue.put_nowait(item)

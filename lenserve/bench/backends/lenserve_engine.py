@@ -32,8 +32,7 @@ class LenserveBackend(Backend):
         if self.engine is None:
             from lenserve.engine.llm_engine import EngineConfig, LLMEngine
             o = self.options
-            # The oracle policy is defined by the true lengths, whatever --predictor says.
-            predictor = "oracle" if self.policy == "oracle" else o.predictor
+            predictor = self._predictor()
             self.engine = LLMEngine(EngineConfig(
                 model=o.model, policy=self.policy, policy_config=o.policy_config,
                 predictor=predictor, predictor_seed=o.predictor_seed,
@@ -42,7 +41,7 @@ class LenserveBackend(Backend):
                 swap_space_gib=o.swap_space_gib, kv_int8=o.kv_int8, device=o.device,
                 dtype=o.dtype, enforce_eager=o.enforce_eager),
                 predictor_progress=_seed_progress)
-            if predictor not in ("none", "oracle"):
+            if self.learns_from_requests:
                 # Requests go in as token ids (no detokenizing); the predictor reads text: the
                 # decoded prompt, as the simulator hands it (``lenserve simulate``).
                 from services.executor.factory import load_tokenizer
@@ -50,10 +49,15 @@ class LenserveBackend(Backend):
                 self._prompt_text = lambda ids: tokenizer.decode(list(ids),
                                                                  skip_special_tokens=True)
 
+    def _predictor(self) -> str:
+        # The oracle policy is defined by the true lengths, whatever --predictor says.
+        return "oracle" if self.policy == "oracle" else self.options.predictor
+
     @property
     def learns_from_requests(self) -> bool:
-        # The embedded predictor (or a predictor service) observes every finished request.
-        return self.options.predictor not in ("none", "oracle") and self.policy != "oracle"
+        # A real predictor (embedded, or a service) reads each prompt's text and observes
+        # every finished request.
+        return self._predictor() not in ("none", "oracle")
 
     def submit(self, request: BenchRequest, arrival_time: float) -> None:
         key = self.unique_key(request)
