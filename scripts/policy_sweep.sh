@@ -6,7 +6,8 @@
 # e.g. scripts/policy_sweep.sh results/raw/sharegpt sharegpt 2000 1024 2,4,5,6,7,8,10,12,16
 # --repeat-dataset cycles the dataset when NUM_PROMPTS exceeds it (Alpaca's 1k records).
 # PREDICTOR=oracle gives the length-aware policies the true lengths instead of the embedded
-# predictor (the mechanism without prediction error).
+# predictor (the mechanism without prediction error). SWAP_SPACE=GIB gives every run a host KV
+# tier of that size (the link's time from the roofline, an estimate), KV_INT8=1 compresses it.
 set -euo pipefail
 out=$1 dataset=$2 num=$3 blocks=$4 rates=$5 shape=${6:-llama-2-7b}
 policies=${7:-vllm,orca,sarathi,fastserve,fluidinfer,oracle,ssjf,ltr,alise,econoserve}
@@ -21,7 +22,7 @@ sim() {   # policy predictor jct-slo
   nice -n 19 lenserve simulate --hardware a100-80g --model-shape "$shape" \
     --backends "sim:$1" --predictor "$2" --dataset-name "$dataset" --dataset-path "$path" \
     --num-prompts "$num" --repeat-dataset --num-gpu-blocks "$blocks" --sweep-rates "$rates" --seed 0 \
-    --jct-slo "$3" --disable-tqdm --result-json "$out/$1.json" --plot "$out/$1.png" \
+    --jct-slo "$3" --swap-space "${SWAP_SPACE:-0}" ${KV_INT8:+--kv-int8} --disable-tqdm --result-json "$out/$1.json" --plot "$out/$1.png" \
     > "$out/$1.txt" 2> "$out/$1.err"
 }
 # vllm first: its lightest-load run gives the JCT SLO's tp and tg for every policy.

@@ -21,7 +21,9 @@ from lenserve_contract.outputs import RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.wiring import EngineConfig, engine_parts
+from services.kvmanager.config import KVManagerConfig
 from services.simulator.executor import SimExecutor, VirtualClock
+from services.simulator.host_tier import SimKVManager
 from services.simulator.target import SimTarget
 
 
@@ -47,8 +49,21 @@ def build_engine(spec: SimSpec, clock: VirtualClock) -> EngineCore:
         max_num_batched_tokens=o.max_num_batched_tokens, max_num_seqs=o.max_num_seqs,
         max_model_len=max_model_len(spec), predictor=predictor,
         predictor_seed=o.predictor_seed)
-    return EngineCore(**engine_parts(config, executor), tokenizer=None, clock=clock,
-                      finished_outputs_only=True)
+    return EngineCore(**engine_parts(config, executor, kv_manager=host_tier(spec, executor, clock)),
+                      tokenizer=None, clock=clock, finished_outputs_only=True)
+
+
+def host_tier(spec: SimSpec, executor: SimExecutor, clock: VirtualClock) -> SimKVManager | None:
+    """The simulated host KV tier of ``--swap-space`` GiB (None without one)."""
+    o, link = spec.options, spec.target.link
+    if o.swap_space_gib <= 0:
+        return None
+    if link is None:
+        raise ValueError("this profile has no swap measurements, so the host KV tier cannot be "
+                         "simulated: re-run `lenserve profile` (it measures swaps now) or use "
+                         "--swap-space 0")
+    return SimKVManager(KVManagerConfig(o.swap_space_gib, int8=o.kv_int8),
+                        executor.model_info(), link, clock)
 
 
 def num_gpu_blocks(spec: SimSpec) -> int:

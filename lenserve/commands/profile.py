@@ -1,6 +1,8 @@
 """``lenserve profile``: time the real executor over a grid of batches (prefill chunks, decode
 sequences, attended context) and write the JSON profile that ``lenserve simulate --profile``
-fits its cost model to. On a CPU the grid stays small: a few minutes for opt-125m."""
+fits its cost model to, with the time of swaps to and from the host KV tier. On a CPU the grid
+stays small: a few minutes for opt-125m. ``--swaps-only`` adds the swap measurements to an
+existing profile of the same model (``--out``), keeping its iteration points."""
 from __future__ import annotations
 
 import argparse
@@ -25,18 +27,22 @@ def register(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed calls per point, after a warm-up")
     p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads")
     p.add_argument("--out", required=True, help="profile JSON to write")
+    p.add_argument("--swaps-only", action="store_true",
+                   help="measure only the swaps and add them to the profile at --out")
     p.add_argument("--disable-tqdm", action="store_true")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from services.executor.runner import InProcessExecutor
-    from services.simulator.profiler import run_profile
+    from services.simulator.profiler import measure_swaps, run_profile
 
     if args.threads:
         torch.set_num_threads(args.threads)
     executor = InProcessExecutor(args.model, block_size=args.block_size, dtype=args.dtype,
                                  device=args.device, attention_backend=args.attention_backend)
+    if args.swaps_only:
+        return _add_swaps(args, executor, measure_swaps(executor, args.repeats))
     bar = (lambda items: tqdm(items, desc=f"profile {args.model}", unit="point",
                               disable=args.disable_tqdm, file=sys.stderr))
     profile = run_profile(executor, max_tokens=args.max_num_batched_tokens,
@@ -46,4 +52,26 @@ def run(args: argparse.Namespace) -> int:
     print(f"{len(profile.points)} points written to {args.out}")
     print(model.describe())
     print(report)
+    return 0
+
+
+def _add_swaps(args: argparse.Namespace, executor, swap) -> int:
+    import dataclasses
+    from datetime import datetime, timezone
+
+    from services.simulator.profile_file import load_profile
+
+    profile = load_profile(args.out)
+    info = executor.model_info()
+    if (profile.shape.name, profile.device, profile.block_size) != (
+            info.name, executor.device.type, info.block_size):
+        raise ValueError(f"{args.out} profiles {profile.shape.name} on {profile.device} with "
+                         f"blocks of {profile.block_size}; this executor is {info.name} on "
+                         f"{executor.device.type} with blocks of {info.block_size}")
+    meta = dict(profile.meta or {}, swap_date=datetime.now(timezone.utc).isoformat(
+        timespec="seconds"))
+    profile = dataclasses.replace(profile, swap=swap, meta=meta)
+    profile.save(args.out)
+    print(f"{len(swap)} swap sizes added to {args.out}")
+    print(profile.host_link().describe())
     return 0

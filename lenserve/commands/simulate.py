@@ -83,8 +83,6 @@ def run_simulate(args: argparse.Namespace) -> int:
     specs = parse_sim_backends(args.backends)
     slos, rates = parse_goodput(args.goodput), parse_rates(args)
     jct_slo = parse_jct_slo(args.jct_slo)
-    if args.swap_space:
-        raise ValueError("the simulator models no host KV tier: --swap-space must be 0")
     target = sim_target(args)
     if args.model is None:   # the workload is counted in the simulated model's tokenizer
         args.model = target.shape.name if target.shape.name in _presets() else "opt-125m"
@@ -92,7 +90,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     options = BackendOptions(model=args.model, predictor=args.predictor,
                              predictor_seed=args.predictor_seed,
                              policy_config=tuple(args.policy_config or ()),
-                             max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+                             max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                             swap_space_gib=args.swap_space, kv_int8=args.kv_int8)
     workloads = build_workloads(args, load_samples(args.dataset_name, args.dataset_path),
                                 sample_config(args), rates, tokenizer)
     # What is loaded so far lives for the whole command: keep the cycle collector off it

@@ -15,7 +15,11 @@ import torch
 from lenserve_contract.sampling_params import SamplingParams
 from services.executor.runner import InProcessExecutor
 from services.executor.types import ExecutorInput, ScheduledSequence
-from services.simulator.profile_file import Profile, ProfilePoint
+from services.kvmanager.config import GIB, KVManagerConfig
+from services.kvmanager.core import InProcessKVManager
+from services.kvmanager.host_pool import host_block_bytes
+from services.kvmanager.host_store import BlockLayout
+from services.simulator.profile_file import Profile, ProfilePoint, SwapPoint
 from services.simulator.shapes import ModelShape
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -93,6 +97,40 @@ class Profiler:
         return batch
 
 
+SWAP_SIZES = (1, 4, 16, 64)     # blocks per swap: one request's KV, short to long
+
+
+def measure_swaps(executor: InProcessExecutor, repeats: int = 3,
+                  sizes: Iterable[int] = SWAP_SIZES) -> tuple[SwapPoint, ...]:
+    """Seconds to swap a request's blocks out to the host tier and back, through the real KV
+    manager (worker thread, staging, pinned memory on a GPU), as the engine pays them: each
+    copy is started and waited for on its own. Blocks are scattered over the pool."""
+    info = executor.model_info()
+    sizes = [n for n in sizes if n <= info.num_gpu_blocks]
+    space = max(sizes) * host_block_bytes(BlockLayout.from_model_info(info), False)
+    manager = InProcessKVManager(KVManagerConfig(space / GIB), executor, info)
+    gen = torch.Generator().manual_seed(0)
+    points = []
+    try:
+        for n in sizes:
+            out_s, in_s = [], []
+            for i in range(repeats + 1):            # the first round warms up
+                blocks = torch.randperm(info.num_gpu_blocks, generator=gen)[:n].tolist()
+                out_s.append(_timed(manager.swap_out, f"swap{n}-{i}", blocks))
+                in_s.append(_timed(manager.swap_in, f"swap{n}-{i}", blocks))
+                manager.wait_all()
+            points.append(SwapPoint(n, tuple(out_s[1:]), tuple(in_s[1:])))
+    finally:
+        manager.close()
+    return tuple(points)
+
+
+def _timed(start_copy, request_id: str, blocks: list[int]) -> float:
+    began = time.perf_counter()
+    start_copy(request_id, blocks).wait()
+    return time.perf_counter() - began
+
+
 def run_profile(executor: InProcessExecutor, *, max_tokens: int = 2048, repeats: int = 3,
                 progress: Callable[[Iterable], Iterable] = iter) -> Profile:
     info = executor.model_info()
@@ -103,7 +141,7 @@ def run_profile(executor: InProcessExecutor, *, max_tokens: int = 2048, repeats:
                                                          info.max_model_len, large))]
     return Profile(shape_of(executor), executor.device.type, info.block_size,
                    info.num_gpu_blocks, tuple(points), knots=KNOTS,
-                   meta=environment(executor))
+                   meta=environment(executor), swap=measure_swaps(executor, repeats))
 
 
 def environment(executor: InProcessExecutor) -> dict:

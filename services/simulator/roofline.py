@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from services.simulator.cost_model import CostModel
 from services.simulator.features import IterationFeatures
+from services.simulator.host_tier import HostLink
 from services.simulator.shapes import ModelShape
 
 GIB = 1 << 30
@@ -29,11 +30,16 @@ class Hardware:
     attention_efficiency: float = 0.4    # estimate
     memory_efficiency: float = 0.75      # estimate
     overhead_s: float = 0.004            # estimate: per-iteration launch and host work
+    host_link_bandwidth: float = 32e9    # bytes/s each way, PCIe x16 (datasheet)
+    host_link_efficiency: float = 0.8    # estimate: pinned copies reach ~80% of PCIe peak
+    host_copy_latency_s: float = 20e-6   # estimate: per swap copy (gather, launch, event)
 
 
 HARDWARE: dict[str, Hardware] = {
-    "a100-80g": Hardware("NVIDIA A100-SXM4-80GB", 80 * GIB, 312e12, 2.039e12),
-    "h100": Hardware("NVIDIA H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12),
+    "a100-80g": Hardware("NVIDIA A100-SXM4-80GB", 80 * GIB, 312e12, 2.039e12,
+                         host_link_bandwidth=32e9),      # PCIe 4.0 x16
+    "h100": Hardware("NVIDIA H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12,
+                     host_link_bandwidth=64e9),          # PCIe 5.0 x16
 }
 
 
@@ -64,6 +70,14 @@ class RooflineCostModel(CostModel):
         return (f"roofline cost model (ESTIMATE) for {self.shape.name} on {hw.name}: efficiency "
                 f"compute {hw.compute_efficiency}, attention {hw.attention_efficiency}, memory "
                 f"{hw.memory_efficiency}, overhead {hw.overhead_s * 1e3:.1f} ms/iteration")
+
+
+def host_link(hw: Hardware) -> HostLink:
+    """The device-host link of the simulated host KV tier (ESTIMATE)."""
+    bandwidth = hw.host_link_bandwidth * hw.host_link_efficiency
+    return HostLink(bandwidth, bandwidth, hw.host_copy_latency_s,
+                    f"ESTIMATE: {hw.host_link_efficiency:.0%} of the PCIe peak of "
+                    f"{hw.host_link_bandwidth / 1e9:.0f} GB/s each way")
 
 
 def kv_capacity_blocks(shape: ModelShape, hw: Hardware, block_size: int,

@@ -2,11 +2,13 @@
 or from the roofline (hardware + model shape)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from services.simulator.cost_model import CostModel
 from services.simulator.profile_file import load_profile
-from services.simulator.roofline import RooflineCostModel, hardware, kv_capacity_blocks
+from services.simulator.host_tier import HostLink
+from services.simulator.roofline import RooflineCostModel, hardware, host_link, kv_capacity_blocks
 from services.simulator.shapes import ModelShape, model_shape
 
 
@@ -17,6 +19,7 @@ class SimTarget:
     num_gpu_blocks: int
     block_size: int
     notes: tuple[str, ...]     # what the numbers rest on, estimates named as such
+    link: HostLink | None = None    # the host KV tier's copies (None: none measured)
 
 
 def from_profile(path: str, model: str | None = None) -> SimTarget:
@@ -33,22 +36,28 @@ def from_profile(path: str, model: str | None = None) -> SimTarget:
              cost.describe(), str(report),
              f"KV pool: {profile.num_gpu_blocks} blocks of {profile.block_size} (the real "
              f"executor's default on that device)")
-    return SimTarget(profile.shape, cost, profile.num_gpu_blocks, profile.block_size, notes)
+    link = profile.host_link()
+    if link is not None:
+        notes += (link.describe(),)
+    return SimTarget(profile.shape, cost, profile.num_gpu_blocks, profile.block_size, notes,
+                     link)
 
 
 def from_roofline(hardware_name: str, shape_name: str, block_size: int = 16) -> SimTarget:
     hw, shape = hardware(hardware_name), model_shape(shape_name)
     blocks = kv_capacity_blocks(shape, hw, block_size)
-    cost = RooflineCostModel(shape, hw)
+    cost, link = RooflineCostModel(shape, hw), host_link(hw)
     notes = (cost.describe(),
              f"KV pool (ESTIMATE): {blocks} blocks of {block_size} = {blocks * block_size} "
              f"tokens: 90% of {hw.memory_bytes / 2**30:.0f} GiB minus "
-             f"{shape.weight_bytes / 2**30:.1f} GiB of weights and 2 GiB for activations")
-    return SimTarget(shape, cost, blocks, block_size, notes)
+             f"{shape.weight_bytes / 2**30:.1f} GiB of weights and 2 GiB for activations",
+             link.describe())
+    return SimTarget(shape, cost, blocks, block_size, notes, link)
 
 
 def with_blocks(target: SimTarget, num_gpu_blocks: int | None) -> SimTarget:
     if num_gpu_blocks is None:
         return target
-    return SimTarget(target.shape, target.cost, num_gpu_blocks, target.block_size,
-                     target.notes + (f"KV pool set by --num-gpu-blocks: {num_gpu_blocks}",))
+    return dataclasses.replace(
+        target, num_gpu_blocks=num_gpu_blocks,
+        notes=target.notes + (f"KV pool set by --num-gpu-blocks: {num_gpu_blocks}",))

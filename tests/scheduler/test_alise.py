@@ -92,6 +92,27 @@ def test_an_evicted_request_is_swapped_unless_the_host_tier_is_full(host_blocks,
         step(s)                            # and it still finishes
 
 
+def test_a_resident_that_cannot_grow_swaps_out_one_victim_not_every_worse_one():
+    # Three residents fill the 9-block pool (3 blocks each); the two best need a 4th block in
+    # the same iteration. A swap-out frees its blocks only after its copy, so one victim (the
+    # worst) makes room for both next iteration: evicting more would swap out requests that
+    # did not need to go (with a GPU's copy times, a cascade of swaps every iteration).
+    s = _alise(64, options=["aging_rate=0"], num_gpu_blocks=9, max_model_len=32)
+    a, b, c = (make_request(n, 11, max_tokens=20, predicted_output_len=p)
+               for n, p in (("a", 10), ("b", 15), ("c", 20)))
+    add(s, a, b, c)
+    step(s)
+    step(s)
+    assert all(r.status is RequestStatus.RUNNING for r in (a, b, c))
+    out, _ = step(s)
+    assert c.status is RequestStatus.SWAPPED
+    assert b.status is RequestStatus.RUNNING and a.status is RequestStatus.RUNNING
+    assert not scheduled(out)                 # both wait one iteration for c's blocks
+    out, _ = step(s)
+    assert scheduled(out) == {"a": 1, "b": 1}
+    assert sorted(_finish_order(s, [a, b, c])) == ["a", "b", "c"]
+
+
 def test_a_late_prediction_re_ranks_a_queued_request():
     s = _alise(options=["aging_rate=0", "preempt_margin_s=0", "default_from_median=false",
                         "default_output_len=50"], max_num_seqs=1)

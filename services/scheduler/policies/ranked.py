@@ -147,6 +147,9 @@ class RankedPolicy(Policy):
         # Most decode steps fit in the blocks the request holds already.
         if table is None or computed + n > len(table) * bm.block_size:
             while not bm.allocate_slots(req.request_id, computed + n):
+                short = self.config.blocks_for(computed + n) - (len(table) if table else 0)
+                if p.deferred and bm.num_free_blocks + p.deferred >= short:
+                    return      # this iteration's swap-outs free enough: paused until then
                 victim = self._victim(state, p, req, None)
                 if victim is None:
                     return      # stays paused with its KV; see the module docstring
