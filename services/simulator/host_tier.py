@@ -66,7 +66,7 @@ class _VirtualHandle(SwapHandle):
 class SimKVManager(KVManager):
     def __init__(self, config: KVManagerConfig, info: ModelInfo, link: HostLink, clock):
         layout = BlockLayout.from_model_info(info)
-        self.config, self.link, self.clock = config, link, clock
+        self.link, self.clock = link, clock
         self.int8 = config.int8
         self.block_bytes = host_block_bytes(layout, config.int8)
         self.device_block_bytes = layout.device_block_bytes
@@ -77,7 +77,6 @@ class SimKVManager(KVManager):
         self._in_end: dict[str, float] = {}         # incoming: when its swap-in copy ends
         self._lane = {True: 0.0, False: 0.0}        # each direction's copies end by then
         self._bytes_out = self._bytes_in = 0
-        self.copy_s = {True: 0.0, False: 0.0}       # total link time per direction
         self._closed = False
 
     @property
@@ -156,7 +155,6 @@ class SimKVManager(KVManager):
         seconds = self.link.seconds(num_blocks * self.device_block_bytes, out)
         start = max(self.clock.now, self._lane[out], after)
         self._lane[out] = start + seconds
-        self.copy_s[out] += seconds
         return start + seconds
 
     def _reap(self) -> None:

@@ -146,8 +146,8 @@ class RankedPolicy(Policy):
         table = bm.tables.get(req.request_id)
         # Most decode steps fit in the blocks the request holds already.
         if table is None or computed + n > len(table) * bm.block_size:
+            short = self.config.blocks_for(computed + n) - (len(table) if table else 0)
             while not bm.allocate_slots(req.request_id, computed + n):
-                short = self.config.blocks_for(computed + n) - (len(table) if table else 0)
                 if p.deferred and bm.num_free_blocks + p.deferred >= short:
                     return      # this iteration's swap-outs free enough: paused until then
                 victim = self._victim(state, p, req, None)
