@@ -13,6 +13,7 @@ SLO-scale x (tp + tg x output tokens), failed requests counted as missing it.
 from __future__ import annotations
 
 import math
+from itertools import chain
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 
@@ -173,6 +174,29 @@ def _stats(values_s: Sequence[float]) -> dict[str, float]:
             "p99": float(np.percentile(ms, 99))}
 
 
+def _token_gaps(ok: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
+    """Every gap between consecutive tokens of a request, pooled in record order, and each
+    request's largest gap (0 for a one-token request). ``ok`` records have a token each.
+    One array for all the token times, diffed once: per-request arrays cost seconds on
+    100,000-request runs (34 M tokens)."""
+    if not ok:
+        return np.empty(0), np.empty(0)
+    lens = np.fromiter((len(r.token_times) for r in ok), dtype=np.int64, count=len(ok))
+    flat = np.fromiter(chain.from_iterable(r.token_times for r in ok), dtype=float,
+                       count=int(lens.sum()))
+    ends = np.cumsum(lens)
+    keep = np.ones(max(flat.size - 1, 0), dtype=bool)
+    keep[ends[:-1] - 1] = False         # the step from one request's last token to the next's
+    itls = np.diff(flat)[keep]
+    counts = lens - 1
+    bounds = np.zeros(len(ok))
+    has = counts > 0
+    if has.any():
+        starts = (np.cumsum(counts) - counts)[has]
+        bounds[has] = np.maximum.reduceat(itls, starts)
+    return itls, bounds
+
+
 def summarize(records: Sequence[RequestRecord], duration_s: float,
               slos: dict[str, float] | None = None, jct_slo: JctSlo | None = None) -> dict:
     """The per-backend summary: counts, throughputs and latency statistics; SSR with a
@@ -180,10 +204,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float,
     ok = [r for r in records if r.success]
     out_tokens = sum(r.num_output_tokens for r in ok)
     duration = max(duration_s, 1e-9)
-    # Each request's gaps once, as arrays (``itls`` per request, twice, and one Python float
-    # per token took seconds on 100,000-request runs).
-    gaps = [np.diff(r.token_times) for r in ok]
-    bounds = [float(g.max()) if g.size else 0.0 for g in gaps]
+    itls, bounds = _token_gaps(ok)
     summary = {
         "completed": len(ok), "failed": len(records) - len(ok), "duration_s": duration_s,
         # Requests whose output length differs from the one asked for: every backend must do
@@ -193,10 +214,11 @@ def summarize(records: Sequence[RequestRecord], duration_s: float,
         "request_throughput": len(ok) / duration, "output_throughput": out_tokens / duration,
         "ttft_ms": _stats([r.ttft for r in ok]),
         "tpot_ms": _stats([r.tpot for r in ok if r.tpot is not None]),
-        "itl_ms": _stats(np.concatenate(gaps) if gaps else []),
+        "itl_ms": _stats(itls),
         "e2el_ms": _stats([r.e2el for r in ok]),
         "jct_ms": _stats([r.jct for r in ok]),
-        "latency_bound_ms": {**_stats(bounds), "max": max(bounds, default=math.nan) * 1000.0},
+        "latency_bound_ms": {**_stats(bounds),
+                             "max": float(bounds.max()) * 1000.0 if bounds.size else math.nan},
         "normalized_latency_s_per_token": (float(np.mean([r.e2el / r.num_output_tokens for r in ok]))
                                            if ok else math.nan),
     }

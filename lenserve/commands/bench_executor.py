@@ -14,14 +14,17 @@ import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from lenserve_contract.sampling_params import SamplingParams
 from services.executor.attention.registry import BACKEND_CHOICES, resolve_backend
-from services.executor.models.loader import LoadedModel, load_model
-from services.executor.runner import InProcessExecutor
 from services.executor.types import ExecutorInput, ScheduledSequence
+
+if TYPE_CHECKING:   # the model code imports transformers' models: only when this command runs
+    from services.executor.models.loader import LoadedModel
+    from services.executor.runner import InProcessExecutor
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -68,6 +71,7 @@ def _int_list(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
+    from services.executor.models.loader import load_model
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     args.dtype = str(loaded.dtype).removeprefix("torch.")
     if max(args.prompt_len, args.context_len) > loaded.max_model_len:
@@ -104,6 +108,7 @@ def benchmark(loaded: LoadedModel, args: argparse.Namespace) -> dict:
 
 
 def bench_batch(loaded: LoadedModel, args, batch: int, weight_bytes: int, bandwidth: float) -> dict:
+    from services.executor.runner import InProcessExecutor
     bs = args.block_size
     per_seq = -(-max(args.prompt_len, args.context_len) // bs)
     executor = InProcessExecutor(loaded, block_size=bs, num_gpu_blocks=batch * per_seq,

@@ -18,19 +18,21 @@ import random
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from lenserve_contract.sampling_params import SamplingParams
 from services.executor.kv_cache import BlockAllocator
-from services.executor.models.loader import load_model
-from services.executor.runner import InProcessExecutor
 from services.executor.types import ExecutorInput, ScheduledSequence
 from services.kvmanager.config import GIB, KVManagerConfig
 from services.kvmanager.core import InProcessKVManager
 from services.kvmanager.host_pool import host_block_bytes
 from services.kvmanager.host_store import BlockLayout
 from services.kvmanager.int8 import quantize
+
+if TYPE_CHECKING:   # the model code imports transformers' models: only when this command runs
+    from services.executor.runner import InProcessExecutor
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = [
@@ -91,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
 # -- bandwidth ----------------------------------------------------------------------------
 
 def bench_bandwidth(args: argparse.Namespace) -> dict:
+    from services.executor.models.loader import load_model
+    from services.executor.runner import InProcessExecutor
     loaded = load_model(args.model, dtype=args.dtype, device=args.device, seed=args.seed)
     executor = InProcessExecutor(loaded, block_size=args.block_size,
                                  num_gpu_blocks=args.num_blocks, device=args.device)
@@ -198,6 +202,7 @@ class RoundTripCheck:
 # -- greedy token agreement ---------------------------------------------------------------
 
 def bench_agreement(args: argparse.Namespace) -> dict:
+    from services.executor.runner import InProcessExecutor
     executor = InProcessExecutor(args.agreement_model, block_size=args.block_size,
                                  num_gpu_blocks=256, dtype=args.dtype, device=args.device,
                                  seed=args.seed)

@@ -75,7 +75,7 @@ class ProxyRegressor(nn.Module):
                 if (b + 1) % every == 0 or b + 1 == len(batches):
                     done = min(len(prompts), (b + 1) * self.config.batch_size)
                     log.info("fine-tune epoch %d/%d: %d/%d records, loss %.3f, %.0fs",
-                             epoch + 1, self.config.epochs, done, len(prompts), float(loss),
+                             epoch + 1, self.config.epochs, done, len(prompts), loss.item(),
                              time.perf_counter() - t0)
         return self.eval()
 

@@ -83,8 +83,10 @@ class Request:
         "sampling_params",
         "slo_deadline_s",
         "status",
+        "stop_candidates",
         "stop_reason",
         "token_ids",
+        "token_limit",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
@@ -100,6 +102,9 @@ class Request:
         # Prompt followed by outputs: recompute after preemption prefills all of it.
         self.token_ids = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        self.stop_candidates: frozenset[int] = frozenset()
+        self.token_limit = 0
+        self.fix_stop_conditions()
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
@@ -113,6 +118,18 @@ class Request:
         self.num_preemptions = 0
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.error: str | None = None
+
+    def fix_stop_conditions(self, max_model_len: int | None = None) -> None:
+        """Derive what the token loop reads for every sampled token from the sampling
+        parameters and ``eos_token_id``: the tokens that may stop the request (whether one does
+        depends on min_tokens and ignore_eos) and the length at which it stops. The scheduler
+        calls this when it takes the request, with its context limit; the parameters are
+        fixed from then on."""
+        params = self.sampling_params
+        eos = () if self.eos_token_id is None else (self.eos_token_id,)
+        self.stop_candidates = frozenset(params.stop_token_ids).union(eos)
+        limit = self.num_prompt_tokens + params.max_tokens
+        self.token_limit = limit if max_model_len is None else min(limit, max_model_len)
 
     @property
     def predicted_output_len(self) -> int | None:

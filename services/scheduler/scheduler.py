@@ -61,6 +61,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queue a request, or raise InvalidRequestError (nothing else changes)."""
         self._validate(request)
+        request.fix_stop_conditions(self.config.max_model_len)
         self.state.add(request)
         self.policy.add_request(request)
 
@@ -168,7 +169,6 @@ class Scheduler:
         condition. Returns the requests that got a token or finished."""
         self.state.now = now
         sampled = result.sampled
-        max_model_len = self.config.max_model_len
         updated = []
         # Runs for every scheduled request on every iteration: one pass, everything in locals.
         running, token_of, add = _RUNNING, sampled.get, updated.append
@@ -192,14 +192,13 @@ class Scheduler:
             if metrics.first_token_time is None:
                 metrics.first_token_time = now
             metrics.token_times.append(now)
-            params = req.sampling_params
-            if token == req.eos_token_id or token in params.stop_token_ids:
+            if token in req.stop_candidates:
                 reason, stop_reason = self._stop_condition(req, token)
                 if reason is not None:
                     self.finish_request(req, reason, stop_reason)
-            elif (num_tokens - req.num_prompt_tokens >= params.max_tokens
-                  or num_tokens >= max_model_len):
-                # What _stop_condition decides for a token that stops nothing by itself.
+            elif num_tokens >= req.token_limit:
+                # What _stop_condition decides for a token that stops nothing by itself:
+                # max_tokens reached, or the context limit.
                 self.finish_request(req, FinishReason.LENGTH)
             add(req)
         self.policy.update(output, updated, result)

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import math
+import random
 
+import numpy as np
 import pytest
 
 from lenserve.bench.metrics import (
@@ -60,6 +62,29 @@ def test_summary_throughput_latency_and_paper_metrics():
     assert s["latency_bound_ms"]["max"] == pytest.approx(2000.0)
     assert s["latency_bound_ms"]["mean"] == pytest.approx(1250.0)
     assert "goodput" not in s
+
+
+def test_pooled_gaps_and_bounds_match_each_request_on_its_own():
+    # One-token requests (no gap) at the start, in the middle and at the end; a request whose
+    # times go backwards across the boundary to the next must not lend it a gap.
+    rng = random.Random(7)
+    records = [record("a", 0.0, (5.0,), output_len=1)]
+    for i in range(40):
+        n = rng.choice([1, 2, 3, 7])
+        start = rng.uniform(0.0, 100.0)
+        times = [start + sum(rng.uniform(0.0, 2.0) for _ in range(k)) for k in range(n)]
+        records.append(record(f"r{i}", 0.0, times, output_len=n))
+    records.append(record("z", 0.0, (1.0,), output_len=1))
+    s = summarize(records, duration_s=100.0)
+    gaps = [g for r in records for g in r.itls]
+    bounds = [max(r.itls, default=0.0) for r in records]
+    assert s["itl_ms"]["mean"] == pytest.approx(1000.0 * sum(gaps) / len(gaps))
+    assert s["itl_ms"]["p99"] == pytest.approx(1000.0 * float(np.percentile(gaps, 99)))
+    assert s["latency_bound_ms"]["mean"] == pytest.approx(1000.0 * sum(bounds) / len(bounds))
+    assert s["latency_bound_ms"]["median"] == pytest.approx(1000.0 * float(np.median(bounds)))
+    assert s["latency_bound_ms"]["max"] == pytest.approx(1000.0 * max(bounds))
+    one = summarize([record(times=(1.0,), output_len=1)], duration_s=1.0)
+    assert one["latency_bound_ms"]["max"] == 0.0 and math.isnan(one["itl_ms"]["mean"])
 
 
 def test_length_mismatch_is_counted():

@@ -6,8 +6,10 @@ it works offline); the vocabulary size and special token ids are set to match it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from transformers import LlamaConfig, OPTConfig, PretrainedConfig
+if TYPE_CHECKING:   # importing transformers' model configs costs seconds: only when building
+    from transformers import PretrainedConfig
 
 TOKENIZER_VOCAB_SIZE = 30522
 # [PAD], [CLS], [SEP] of the MiniLM vocabulary; [SEP] ends a text, so it is the EOS.
@@ -21,6 +23,7 @@ class PresetSpec:
     config: dict = field(default_factory=dict)
 
     def hf_config(self) -> PretrainedConfig:
+        from transformers import LlamaConfig, OPTConfig
         cls = {"opt": OPTConfig, "llama": LlamaConfig}[self.family]
         common = {"vocab_size": TOKENIZER_VOCAB_SIZE, "pad_token_id": PAD_ID,
                   "bos_token_id": BOS_ID, "eos_token_id": EOS_ID}
