@@ -102,8 +102,6 @@ class Request:
         # Prompt followed by outputs: recompute after preemption prefills all of it.
         self.token_ids = list(prompt_token_ids)
         self.num_computed_tokens = 0
-        self.stop_candidates: frozenset[int] = frozenset()
-        self.token_limit = 0
         self.fix_stop_conditions()
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None

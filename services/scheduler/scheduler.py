@@ -212,7 +212,7 @@ class Scheduler:
                 return FinishReason.STOP, None
             if token in params.stop_token_ids:
                 return FinishReason.STOP, token
-        if num_out >= params.max_tokens or len(req.token_ids) >= self.config.max_model_len:
+        if len(req.token_ids) >= req.token_limit:     # max_tokens, or the context limit
             return FinishReason.LENGTH, None
         return None, None
 
