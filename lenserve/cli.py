@@ -12,32 +12,49 @@ import sys
 
 DEBUG_HELP = "show tracebacks and debug logs instead of one-line errors"
 
-COMMAND_MODULES = [
-    "lenserve.commands.generate",
-    "lenserve.commands.bench",
-    "lenserve.commands.bench_executor",
-    "lenserve.commands.bench_attention",
-    "lenserve.commands.bench_scheduler",
-    "lenserve.commands.bench_swap",
-    "lenserve.commands.predictor",
-    "lenserve.commands.serve",
-    "lenserve.commands.serve_services",
-    "lenserve.commands.up",
-    "lenserve.commands.bench_transport",
-    "lenserve.commands.profile",
-    "lenserve.commands.simulate",
-]
+# Each command's name and the module that registers it: a command line names one, and only
+# that module is imported (the benchmarks import torch, which a simulation never needs).
+COMMANDS = {
+    "generate": "lenserve.commands.generate",
+    "bench": "lenserve.commands.bench",
+    "bench-executor": "lenserve.commands.bench_executor",
+    "bench-attention": "lenserve.commands.bench_attention",
+    "bench-scheduler": "lenserve.commands.bench_scheduler",
+    "bench-swap": "lenserve.commands.bench_swap",
+    "predictor": "lenserve.commands.predictor",
+    "serve": "lenserve.commands.serve",
+    "serve-scheduler": "lenserve.commands.serve_services",
+    "serve-executor": "lenserve.commands.serve_services",
+    "serve-kvmanager": "lenserve.commands.serve_services",
+    "serve-gateway": "lenserve.commands.serve_services",
+    "up": "lenserve.commands.up",
+    "bench-transport": "lenserve.commands.bench_transport",
+    "profile": "lenserve.commands.profile",
+    "simulate": "lenserve.commands.simulate",
+}
+COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
+# Commands that never run a Triton kernel, so need not choose Triton's mode first.
+NO_KERNEL_COMMANDS = frozenset({"simulate"})
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or only of ``command`` (its module alone is imported)
+    when that names one."""
     parser = argparse.ArgumentParser(prog="lenserve", description="LLM serving with length-aware scheduling")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
+    modules = [COMMANDS[command]] if command in COMMANDS else COMMAND_MODULES
+    for name in modules:
         importlib.import_module(name).register(subparsers)
     for sub in subparsers.choices.values():
         add_debug_flag(sub)
     return parser
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The command a command line names: its first word that is not an option (``--debug``,
+    the only option before it, takes no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:
@@ -97,8 +114,11 @@ _COMMAND_LOGGERS = ("lenserve", "services.scheduler", "services.executor", "serv
 
 
 def main(argv: list[str] | None = None) -> int:
-    interpret_triton_without_cuda()
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = command_of(argv)
+    if command not in NO_KERNEL_COMMANDS:
+        interpret_triton_without_cuda()
+    args = build_parser(command).parse_args(argv)
     with command_logging(args.debug):
         return run_command(args)
 

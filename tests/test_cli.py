@@ -81,3 +81,21 @@ def test_checkpoint_without_tokenizer_runs_on_token_ids(tmp_path, capsys):
     assert main([*model, "--prompt", "hello"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "no tokenizer files" in err[0] and "prompt_token_ids" in err[0]
+
+
+def test_the_command_map_names_every_command_and_a_command_line_loads_only_its_own():
+    import argparse
+
+    from lenserve.cli import COMMANDS, command_of
+
+    def commands(parser):
+        (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        return set(sub.choices)
+
+    assert commands(build_parser()) == set(COMMANDS)
+    for name, module in COMMANDS.items():
+        own = {c for c, m in COMMANDS.items() if m == module}
+        assert commands(build_parser(name)) == own
+    assert command_of(["--debug", "simulate", "--seed", "1"]) == "simulate"
+    assert command_of(["--help"]) is None
+    assert commands(build_parser("no-such-command")) == set(COMMANDS)  # argparse says why

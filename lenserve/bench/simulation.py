@@ -155,8 +155,9 @@ class _Replay:
         m = out.metrics
         reason = out.outputs[0].finish_reason if out.outputs else None
         error = out.error or (f"finished with {reason}" if reason in ("abort", "error") else None)
+        # A finished request's token times never change again: the record takes the list.
         return RequestRecord(request.request_id, request.prompt_len, request.output_len,
-                             arrival, list(m.token_times), self.clock.now, error,
+                             arrival, m.token_times, self.clock.now, error,
                              predicted_len=m.predicted_output_len,
                              prediction_source=m.prediction_source)
 

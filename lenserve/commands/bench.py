@@ -33,7 +33,7 @@ from lenserve.workloads import (
     sample_requests,
 )
 from lenserve.workloads.arrivals import check_rate
-from lenserve.workloads.token_cache import TokenCache, default_cache_dir
+from lenserve.workloads.token_cache import LazyTokenizer, TokenCache, default_cache_dir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -104,17 +104,17 @@ def parse_rates(args: argparse.Namespace) -> list[float]:
 
 def load_tokenizer(args: argparse.Namespace):
     """The served model's tokenizer: output lengths are counted in it."""
-    from transformers import AutoTokenizer
     if args.tokenizer:
+        from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(args.tokenizer)
-    from lenserve.engine.llm_engine import FAKE_MODEL
+    from services.executor.factory import FAKE_MODEL
+    from services.executor.factory import load_tokenizer as model_tokenizer
     if args.model == FAKE_MODEL:
-        from services.executor.fake import CharTokenizer
-        return CharTokenizer()
-    from services.executor.models.loader import preset_tokenizer, resolve
-    _, checkpoint = resolve(args.model)
-    # A preset's tokenizer loads without building the model's weights.
-    return preset_tokenizer() if checkpoint is None else AutoTokenizer.from_pretrained(checkpoint)
+        return model_tokenizer(args.model)
+    # Loaded when first used (never, when the token cache has every text): it imports
+    # transformers and torch. A model's tokenizer loads without the model's weights.
+    from services.executor.models.naming import tokenizer_source
+    return LazyTokenizer(lambda: model_tokenizer(args.model), tokenizer_source(args.model))
 
 
 def sample_config(args: argparse.Namespace) -> SampleConfig:

@@ -18,7 +18,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -56,6 +56,63 @@ def tokenizer_fingerprint(tokenizer: Any) -> str | None:
     return h.hexdigest()
 
 
+class LazyTokenizer:
+    """A tokenizer loaded on first use. Loading a Hugging Face tokenizer imports transformers
+    and torch (seconds); a run whose texts are all counted in the cache never needs it.
+    ``source`` names what the tokenizer is built from (files, library versions, the code that
+    sets it up): under it the cache remembers the fingerprint, so a later run finds its counts
+    without loading the tokenizer. None: not remembered (loaded for the fingerprint)."""
+
+    def __init__(self, load: Callable[[], Any], source: str | None = None):
+        self._load, self.source, self._tokenizer = load, source, None
+
+    def loaded(self) -> Any:
+        if self._tokenizer is None:
+            self._tokenizer = self._load()
+        return self._tokenizer
+
+    def __getattr__(self, name: str) -> Any:     # only for what this class does not define
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.loaded(), name)
+
+    def __call__(self, *args, **kwargs):
+        return self.loaded()(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.loaded())
+
+
+def _remembered_fingerprint(tokenizer: LazyTokenizer, directory: Path) -> str | None:
+    memo = directory / "tokenizer-fingerprints" / f"{tokenizer.source}.txt"
+    try:
+        remembered = memo.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        remembered = ""
+    if len(remembered) == 40 and all(c in "0123456789abcdef" for c in remembered):
+        return remembered
+    fingerprint = tokenizer_fingerprint(tokenizer.loaded())
+    if fingerprint:
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(memo, fingerprint.encode("ascii"))
+        except OSError as exc:
+            warnings.warn(f"cannot remember the tokenizer's fingerprint in {memo} ({exc})",
+                          stacklevel=3)
+    return fingerprint
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
 def text_key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=_KEY).digest()
 
@@ -85,8 +142,14 @@ class TokenCache:
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, directory: str | os.PathLike | None
                       ) -> TokenCache | None:
-        """The cache of ``tokenizer`` in ``directory``; None when off or not cacheable."""
-        fingerprint = tokenizer_fingerprint(tokenizer) if directory is not None else None
+        """The cache of ``tokenizer`` in ``directory``; None when off or not cacheable. A
+        ``LazyTokenizer`` with a source is not loaded when its fingerprint was seen before."""
+        if directory is None:
+            return None
+        if isinstance(tokenizer, LazyTokenizer) and tokenizer.source:
+            fingerprint = _remembered_fingerprint(tokenizer, Path(directory))
+        else:
+            fingerprint = tokenizer_fingerprint(tokenizer)
         return cls(directory, fingerprint) if fingerprint else None
 
     def _load(self) -> None:

@@ -47,9 +47,5 @@ def load_tokenizer(model: str):
     if model == FAKE_MODEL:
         from services.executor.fake import CharTokenizer
         return CharTokenizer()
-    from services.executor.models.loader import preset_tokenizer, resolve
-    _, path = resolve(model)
-    if path is None:
-        return preset_tokenizer()
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(path)
+    from services.executor.models.naming import model_tokenizer
+    return model_tokenizer(model)

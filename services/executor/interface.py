@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-
-import torch
+from typing import TYPE_CHECKING
 
 from services.executor.types import ExecutorInput, ExecutorOutput, ModelInfo
+
+if TYPE_CHECKING:   # annotations only: a scheduler or simulator needs no torch
+    import torch
 
 
 class ExecutorUnavailableError(RuntimeError):

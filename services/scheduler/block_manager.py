@@ -105,7 +105,7 @@ class BlockManager:
                 self._bump(lender)
             else:
                 self._free.extend(reversed(blocks))
-        own = [b for b in reversed(table) if b not in borrowed]
+        own = [b for b in reversed(table) if b not in borrowed] if borrowed else table[::-1]
         (self._deferred if defer else self._free).extend(own)
         return table
 

@@ -31,6 +31,8 @@ from services.scheduler.request import FinishReason, Request
 from services.scheduler.scheduler import Scheduler, SchedulerStats
 
 logger = logging.getLogger(__name__)
+_INT_TYPE = frozenset({int})
+
 
 class _Stream:
     """Engine-side state of one request: its text and what was already reported."""
@@ -70,6 +72,9 @@ class EngineCore:
         self._execute_scheduled = getattr(executor, "execute_scheduled", None)
         self._streams: dict[str, _Stream] = {}
         self._swap_outs: list[SwapHandle] = []
+        # Swap-ins of requests the iteration does not run (a policy uploading ahead): they
+        # copy while it executes and are waited for after it, before the next one.
+        self._swap_ins_ahead: list[tuple[str, SwapHandle]] = []
         self.profile = StepProfile()
 
     # -- requests ---------------------------------------------------------------------------
@@ -123,6 +128,9 @@ class EngineCore:
                                           field="prompt")
             return self._encode(prompt)
         vocab = self.model_info.vocab_size
+        if prompt_token_ids and set(map(type, prompt_token_ids)) <= _INT_TYPE and (
+                0 <= min(prompt_token_ids) and max(prompt_token_ids) < vocab):
+            return list(prompt_token_ids)   # the common case, checked without a Python loop
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(f"prompt_token_ids must be ints in [0, {vocab}); got {bad[0]!r}",
@@ -164,8 +172,7 @@ class EngineCore:
         self._apply_predictions()
         out = scheduler.schedule(self.clock())
         if out.is_empty:
-            self._finish_swap_outs()
-            return []
+            return self._finish_swaps()
         t1 = time.perf_counter()
         failed = self._start_swaps(out)
         t2 = time.perf_counter()
@@ -177,14 +184,13 @@ class EngineCore:
             else:
                 logger.exception("iteration %d failed", out.iteration)
             self.scheduler.resend_block_tables()
-            self._finish_swap_outs()
+            failed += self._finish_swaps()
             return failed + self._fail_batch(out, exc)
         t3 = time.perf_counter()
-        self._finish_swap_outs()
+        failed += self._finish_swaps()
         updated = scheduler.update_from_output(out, result, self.clock())
         if self.finished_outputs_only:
-            # finish_reason is set exactly when a request finishes (cheaper than is_finished).
-            updated = [r for r in updated if r.finish_reason is not None]
+            updated = scheduler.finished_in_update
         outputs = failed + [self._make_output(r) for r in updated]
         if self.check_integrity:
             self._check_integrity()
@@ -207,12 +213,14 @@ class EngineCore:
 
     def _start_swaps(self, out: SchedulerOutput) -> list[RequestOutput]:
         """Swap-outs start and run on while the iteration executes (their device blocks stay
-        reserved until ``_finish_swap_outs``); swap-ins must land before it reads them."""
+        reserved until ``_finish_swaps``). A swap-in must land before an iteration reads
+        it: one of a request in this batch is waited for now; one of a request the policy
+        uploads ahead (not in this batch) runs beside the iteration, like a swap-out."""
         if not (out.swapped_out or out.swapped_in):
             return []
         if self.kv_manager is None:
             raise RuntimeError("the policy swapped KV but the engine has no KV manager")
-        failed, handles = [], []
+        failed, handles, batch = [], [], None
         for is_out, rid, blocks in out.swap_sequence:
             try:
                 if is_out:
@@ -220,7 +228,10 @@ class EngineCore:
                     tokens = self.scheduler.state.requests[rid].num_computed_tokens
                     self._swap_outs.append(self.kv_manager.swap_out(rid, blocks, tokens))
                 else:
-                    handles.append((rid, self.kv_manager.swap_in(rid, blocks)))
+                    if batch is None:
+                        batch = {r.request_id for r, _ in out.scheduled}
+                    handle = self.kv_manager.swap_in(rid, blocks)
+                    (handles if rid in batch else self._swap_ins_ahead).append((rid, handle))
             except Exception as exc:  # noqa: BLE001 - the state and the pool disagree: say so
                 failed.append(self._fail_request(rid, f"swap-{'out' if is_out else 'in'} "
                                                       f"failed: {exc}"))
@@ -231,7 +242,16 @@ class EngineCore:
                 failed.append(self._fail_request(rid, f"swap-in failed: {exc}"))
         return [f for f in failed if f is not None]
 
-    def _finish_swap_outs(self) -> None:
+    def _finish_swaps(self) -> list[RequestOutput]:
+        """Wait for the iteration's swap-outs and uploads ahead; returns the outputs of the
+        requests whose upload failed."""
+        failed = []
+        for rid, handle in self._swap_ins_ahead:
+            try:
+                handle.wait()
+            except Exception as exc:  # noqa: BLE001 - the request ends with the reason
+                failed.append(self._fail_request(rid, f"swap-in failed: {exc}"))
+        self._swap_ins_ahead.clear()
         for handle in self._swap_outs:
             try:
                 handle.wait()
@@ -239,6 +259,7 @@ class EngineCore:
                 logger.error("a swap-out failed: %s", exc)
         self._swap_outs.clear()
         self.scheduler.release_swapped_blocks()
+        return [f for f in failed if f is not None]
 
     def _fail_request(self, request_id: str, why: str) -> RequestOutput | None:
         request = self.scheduler.state.requests.get(request_id)
@@ -311,7 +332,7 @@ class EngineCore:
             logger.error("could not free the host KV of %s: %s", request_id, exc)
 
     def close(self) -> None:
-        self._finish_swap_outs()
+        self._finish_swaps()
         if self.predictions is not None:
             self.predictions.close()
         if self.kv_manager is not None:

@@ -53,6 +53,9 @@ class Scheduler:
         # Block tables the executor holds: request id -> (table epoch, blocks sent).
         self._sent: dict[str, tuple[int, int]] = {}
         self._forget: list[str] = []
+        # The requests the last update_from_output finished (a caller that reports finished
+        # requests only reads them here instead of filtering every updated request).
+        self.finished_in_update: list[Request] = []
 
     @property
     def block_manager(self):
@@ -116,10 +119,6 @@ class Scheduler:
             self._drop_table(request.request_id)
         for rid, _ in output.swapped_out:
             self._drop_table(rid)
-        for request, _ in output.scheduled:
-            metrics = request.metrics
-            if metrics.first_scheduled_time is None:
-                metrics.first_scheduled_time = now
         return output
 
     def release_swapped_blocks(self) -> None:
@@ -170,6 +169,7 @@ class Scheduler:
         self.state.now = now
         sampled = result.sampled
         updated = []
+        self.finished_in_update = finished = []
         # Runs for every scheduled request on every iteration: one pass, everything in locals.
         running, token_of, add = _RUNNING, sampled.get, updated.append
         for req, n in output.scheduled:
@@ -185,21 +185,23 @@ class Scheduler:
                 req.error = f"executor returned no token for iteration {output.iteration}"
                 self.finish_request(req, FinishReason.ERROR)
                 add(req)
+                finished.append(req)
                 continue
             tokens.append(token)
-            num_tokens = computed + 1       # all tokens were computed, one was appended
-            metrics = req.metrics
-            if metrics.first_token_time is None:
-                metrics.first_token_time = now
-            metrics.token_times.append(now)
+            times = req.token_times         # the metrics' list
+            if not times:
+                req.metrics.first_token_time = now
+            times.append(now)
             if token in req.stop_candidates:
                 reason, stop_reason = self._stop_condition(req, token)
                 if reason is not None:
                     self.finish_request(req, reason, stop_reason)
-            elif num_tokens >= req.token_limit:
-                # What _stop_condition decides for a token that stops nothing by itself:
-                # max_tokens reached, or the context limit.
+                    finished.append(req)
+            elif computed >= req.token_limit - 1:
+                # All tokens were computed and one was appended: what _stop_condition decides
+                # for a token that stops nothing by itself (max_tokens, or the context limit).
                 self.finish_request(req, FinishReason.LENGTH)
+                finished.append(req)
             add(req)
         self.policy.update(output, updated, result)
         return updated

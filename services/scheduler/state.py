@@ -60,6 +60,11 @@ class SchedulerState:
             return False
         self._set_status(request, RequestStatus.RUNNING)
         self.running[rid] = request
+        # Every policy puts what it admits into this iteration's batch, so the first admission
+        # is the first scheduling (as in vLLM); set here, not by a pass over every batch.
+        metrics = request.metrics
+        if metrics.first_scheduled_time is None:
+            metrics.first_scheduled_time = self.now
         return True
 
     def preempt(self, request: Request, output: SchedulerOutput) -> None:

@@ -3,13 +3,16 @@ virtual clock by the cost model's time for its batch and samples a fixed ordinar
 the serving core, the policy and the block accounting run exactly as they do on a device."""
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from services.executor.interface import Executor
 from services.executor.types import ExecutorInput, ExecutorOutput, IterationTimings, ModelInfo
 from services.simulator.cost_model import CostModel
 from services.simulator.features import IterationFeatures, from_input, from_scheduled
 from services.simulator.shapes import ModelShape
+
+if TYPE_CHECKING:
+    import torch
 
 
 class VirtualClock:

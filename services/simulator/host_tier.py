@@ -19,8 +19,6 @@ from dataclasses import dataclass
 
 from services.executor.types import ModelInfo
 from services.kvmanager.config import KVManagerConfig
-from services.kvmanager.host_pool import host_block_bytes
-from services.kvmanager.host_store import BlockLayout
 from services.kvmanager.interface import (
     HostPoolFullError,
     KVManager,
@@ -65,6 +63,11 @@ class _VirtualHandle(SwapHandle):
 
 class SimKVManager(KVManager):
     def __init__(self, config: KVManagerConfig, info: ModelInfo, link: HostLink, clock):
+        # The real pool's block sizes (their layout is torch's): imported only when a host
+        # tier is simulated, so a simulation without one never loads torch.
+        from services.kvmanager.host_pool import host_block_bytes
+        from services.kvmanager.host_store import BlockLayout
+
         layout = BlockLayout.from_model_info(info)
         self.link, self.clock = link, clock
         self.int8 = config.int8

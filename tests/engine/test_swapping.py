@@ -65,3 +65,61 @@ def test_a_full_host_tier_falls_back_to_recompute(monkeypatch):
     tokens, engine = run(RandomSwapPolicy.name, 3, swap_space_gib=tiny)
     assert tokens == reference
     assert engine.scheduler.state.swap_refusals > 0
+
+
+def test_uploads_ahead_copy_beside_the_iteration_and_a_failed_one_ends_its_request(monkeypatch):
+    """fluidinfer uploads a request one iteration before running it: the engine runs that
+    iteration beside the copy and waits for it after, never running a request whose upload
+    has not landed; an upload that fails ends its request with the reason, and nothing else."""
+    reference, _ = run("vllm", 0)
+    engine = make_engine("fluidinfer", num_gpu_blocks=20, max_model_len=64,
+                         max_num_batched_tokens=24, max_num_seqs=6, swap_space_gib=SMALL_HOST_GIB)
+    events, in_flight, doomed = [], set(), []
+    kv, executor = engine.kv_manager, engine.executor
+    real_swap_in, real_execute = kv.swap_in, executor.execute
+
+    def swap_in(rid, blocks):
+        handle = real_swap_in(rid, blocks)
+        real_wait = handle.wait
+        events.append(("swap_in", rid))
+        in_flight.add(rid)
+        if not doomed:
+            doomed.append(rid)              # the first upload fails
+
+        def wait():
+            real_wait()
+            events.append(("wait", rid))
+            in_flight.discard(rid)
+            if rid == doomed[0]:
+                raise RuntimeError("host copy corrupted")
+        handle.wait = wait
+        return handle
+
+    def execute(batch):
+        running = {s.request_id for s in batch.sequences}
+        assert not running & in_flight, "an iteration read KV whose upload had not landed"
+        events.append(("execute", tuple(sorted(running))))
+        return real_execute(batch)
+
+    monkeypatch.setattr(kv, "swap_in", swap_in)
+    monkeypatch.setattr(executor, "execute", execute)
+    done = {}
+    for step, (rid, prompt, params, _) in enumerate(workload(0)):
+        engine.add_request(rid, prompt_token_ids=prompt, sampling_params=params)
+        if step % 2 == 0:
+            done.update((o.request_id, o) for o in engine.step() if o.finished)
+    done.update(run_to_completion(engine))
+    # Uploads waited for only after an iteration ran between their start and their wait.
+    starts = {}
+    beside = []
+    for i, (kind, what) in enumerate(events):
+        if kind == "swap_in":
+            starts[what] = i
+        elif kind == "wait" and any(e[0] == "execute" for e in events[starts[what]:i]):
+            beside.append(what)
+    assert len(beside) > 3
+    failed = done.pop(doomed[0])
+    assert "swap-in failed: host copy corrupted" in failed.error
+    assert {rid: out.outputs[0].token_ids for rid, out in done.items()} == {
+        rid: toks for rid, toks in reference.items() if rid != doomed[0]}
+    assert kv.stats().num_swapped_requests == 0

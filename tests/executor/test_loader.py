@@ -101,3 +101,15 @@ def test_unusable_device_is_refused_before_loading(device, match):
 def test_cuda_without_cuda_is_refused():
     with pytest.raises(InvalidRequestError, match="device 'cuda' is not available"):
         load_model("opt-tiny", device="cuda")
+
+
+def test_tokenizer_source_follows_the_files_it_is_built_from(tmp_path):
+    from services.executor.models.naming import tokenizer_source
+    assert tokenizer_source("opt-125m") == tokenizer_source("llama-tiny")   # one preset tokenizer
+    assert tokenizer_source(str(tmp_path / "nowhere")) is None
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    before = tokenizer_source(str(tmp_path))
+    assert before is not None and before == tokenizer_source(str(tmp_path))
+    (tmp_path / "tokenizer.json").write_text('{"changed": true}')
+    assert tokenizer_source(str(tmp_path)) != before

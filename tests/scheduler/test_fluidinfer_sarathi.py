@@ -61,6 +61,28 @@ def test_fluidinfer_cycles_requests_through_the_host_tier():
     assert s.stats().num_free_host_blocks == 32
 
 
+@pytest.mark.parametrize("ahead", [True, False])
+def test_fluidinfer_runs_an_upload_in_the_next_iteration_and_never_offloads_it_unrun(ahead):
+    s = make_scheduler("fluidinfer", num_host_blocks=32, num_gpu_blocks=8, max_model_len=32,
+                       policy_config=("max_swaps_per_step=2", f"upload_ahead={str(ahead).lower()}"))
+    reqs = add(s, *(make_request(f"r{i}", 4, 12) for i in range(6)))
+    outs = drain(s)
+    uploads = 0
+    for i, out in enumerate(outs):
+        batch = scheduled(out)
+        for rid, _ in out.swapped_in:
+            uploads += 1
+            if not ahead:
+                assert rid in batch            # waited for, then run in the same iteration
+                continue
+            assert rid not in batch            # copies beside this iteration
+            # Runs before it can be offloaded again.
+            later = outs[i + 1:]
+            ran = next(j for j, o in enumerate(later) if rid in scheduled(o))
+            assert all(rid not in {r for r, _ in o.swapped_out} for o in later[:ran + 1])
+    assert uploads > 0 and all(r.num_output_tokens == 12 for r in reqs)
+
+
 def test_sarathi_never_stalls_decodes_for_a_long_prompt():
     s = make_scheduler("sarathi", max_num_batched_tokens=8)
     add(s, make_request("a", 4, 20), make_request("b", 4, 20))

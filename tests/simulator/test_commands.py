@@ -1,8 +1,10 @@
 import json
+import os
 
 import pytest
 
 from lenserve.cli import main
+from services.executor.models import naming
 from services.simulator.profiler import Profiler, grid
 
 
@@ -34,6 +36,31 @@ def test_simulate_flag_errors(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_a_simulation_with_counted_tokens_loads_neither_torch_nor_transformers(tmp_path):
+    """They cost seconds of start-up: the cost model, the policies and the token cache need
+    neither. The first run counts the prompts (and loads the tokenizer), the second must not."""
+    import subprocess
+    import sys
+    dataset = tmp_path / "chat.json"
+    dataset.write_text(json.dumps([{"conversations": [
+        {"from": "human", "value": f"Question {i}? " * (1 + i % 4)},
+        {"from": "gpt", "value": "An answer. " * (1 + i % 7)}]} for i in range(30)]))
+    script = ("import sys; from lenserve.cli import main; "
+              "rc = main(['simulate', '--hardware', 'a100-80g', '--model-shape', 'llama-2-7b', "
+              "'--backends', 'sim:vllm', '--num-prompts', '20', '--request-rate', '4', "
+              f"'--dataset-name', 'sharegpt', '--dataset-path', {str(dataset)!r}, "
+              "'--disable-tqdm', '--predictor', 'none']); "
+              "print('LOADED', rc, sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    env = {**os.environ, "LENSERVE_CACHE_DIR": str(tmp_path)}
+    env.pop("TRITON_INTERPRET", None)
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           env=env, timeout=300) for _ in range(2)]
+    lines = [next(line for line in r.stdout.splitlines() if line.startswith("LOADED"))
+             for r in runs]
+    assert lines[0].startswith("LOADED 0") and "transformers" in lines[0]
+    assert lines[1] == "LOADED 0 []"
+
+
 def test_profiler_times_the_real_executor():
     from services.executor.runner import InProcessExecutor
     executor = InProcessExecutor("opt-tiny", num_gpu_blocks=64, block_size=16)
@@ -59,11 +86,16 @@ def test_simulate_reuses_token_counts_across_runs(tmp_path, monkeypatch):
                      "4", "--result-json", str(out), "--disable-tqdm", *extra]) == 0
         return json.loads(out.read_text())["runs"]
 
+    loads = []
+    real = naming.model_tokenizer
+    monkeypatch.setattr(naming, "model_tokenizer", lambda m: loads.append(m) or real(m))
     fresh = run("fresh.json", "--no-token-cache")
     assert not cache.exists()
     cold = run("cold.json")
     (written,) = (cache / "token-counts").iterdir()
     mtime = written.stat().st_mtime_ns
+    assert len(loads) == 2
     warm = run("warm.json")
     assert fresh == cold == warm
     assert written.stat().st_mtime_ns == mtime        # nothing new to count: not rewritten
+    assert len(loads) == 2      # every text counted already: the tokenizer was never loaded

@@ -7,7 +7,12 @@ import pytest
 
 from lenserve.workloads import Sample, SampleConfig, sample_requests
 from lenserve.workloads import sampling
-from lenserve.workloads.token_cache import TokenCache, default_cache_dir, tokenizer_fingerprint
+from lenserve.workloads.token_cache import (
+    LazyTokenizer,
+    TokenCache,
+    default_cache_dir,
+    tokenizer_fingerprint,
+)
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +115,32 @@ def test_cache_can_be_turned_off(monkeypatch, tmp_path, tok):
 def test_tokenizers_without_a_definition_are_not_cached(tmp_path):
     from tests.workloads.test_sampling import WordTokenizer
     assert TokenCache.for_tokenizer(WordTokenizer(), tmp_path) is None
+
+
+def test_a_lazy_tokenizer_is_loaded_only_for_what_the_cache_lacks(tok, tmp_path):
+    loads = []
+
+    def lazy(source="src"):
+        return LazyTokenizer(lambda: loads.append(1) or tok, source)
+
+    data, cfg = samples(30), SampleConfig(num_prompts=20, seed=0)
+    expected = picked(sample_requests(data, cfg, tok))
+    first = lazy()
+    cache = TokenCache.for_tokenizer(first, tmp_path)      # fingerprint not known yet: loads
+    assert loads == [1] and cache.fingerprint == tokenizer_fingerprint(tok)
+    assert picked(sample_requests(data, cfg, first, cache=cache)) == expected
+    cache.save()
+    again = lazy()
+    warm = picked(sample_requests(data, cfg, again, cache=TokenCache.for_tokenizer(again, tmp_path)))
+    assert warm == expected and loads == [1]               # all counted: never loaded
+    more = lazy()
+    sample_requests(samples(30, salt="new"), cfg, more, cache=TokenCache.for_tokenizer(more, tmp_path))
+    assert loads == [1, 1]                                  # new texts: loaded to count them
+    # A damaged memo is not trusted: the tokenizer is loaded and the memo rewritten.
+    (memo,) = (tmp_path / "tokenizer-fingerprints").iterdir()
+    memo.write_text("not a fingerprint")
+    assert TokenCache.for_tokenizer(lazy(), tmp_path).fingerprint == tokenizer_fingerprint(tok)
+    assert loads == [1, 1, 1] and memo.read_text() == tokenizer_fingerprint(tok)
+    # Another source has its own memo.
+    TokenCache.for_tokenizer(lazy("other"), tmp_path)
+    assert loads == [1, 1, 1, 1]

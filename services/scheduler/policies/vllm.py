@@ -39,10 +39,11 @@ class VllmPolicy(FcfsPolicy):
         # the allocation's common case inlined.
         bm, running, scheduled = state.block_manager, state.running, output.scheduled
         allocate, tables, block_size = bm.allocate_slots, bm.tables, bm.block_size
+        evicted = False
         for req in list(running.values()):
             if tokens <= 0:
                 break
-            if req.status is not _RUNNING:
+            if evicted and req.status is not _RUNNING:
                 continue    # preempted below by an earlier request of this loop
             computed = req.num_computed_tokens
             n = len(req.token_ids) - computed
@@ -53,6 +54,7 @@ class VllmPolicy(FcfsPolicy):
             if table is None or computed + n > len(table) * block_size:
                 while not allocate(req.request_id, computed + n):
                     victim = next(reversed(running.values()))
+                    evicted = True
                     state.preempt(victim, output)
                     self.waiting.appendleft(victim)
                     if victim is req:

