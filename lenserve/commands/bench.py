@@ -107,8 +107,7 @@ def load_tokenizer(args: argparse.Namespace):
     if args.tokenizer:
         from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(args.tokenizer)
-    from services.executor.factory import FAKE_MODEL
-    from services.executor.factory import load_tokenizer as model_tokenizer
+    from services.executor.factory import FAKE_MODEL, load_tokenizer as model_tokenizer
     if args.model == FAKE_MODEL:
         return model_tokenizer(args.model)
     # Loaded when first used (never, when the token cache has every text): it imports

@@ -18,7 +18,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
@@ -94,19 +94,21 @@ def _remembered_fingerprint(tokenizer: LazyTokenizer, directory: Path) -> str | 
     fingerprint = tokenizer_fingerprint(tokenizer.loaded())
     if fingerprint:
         try:
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(memo, fingerprint.encode("ascii"))
+            _write_atomic(memo, lambda out: out.write(fingerprint.encode("ascii")))
         except OSError as exc:
             warnings.warn(f"cannot remember the tokenizer's fingerprint in {memo} ({exc})",
                           stacklevel=3)
     return fingerprint
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_atomic(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """``write`` the file through a temporary one beside it: a concurrent reader sees the old
+    file or the new, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:
-            out.write(data)
+            write(out)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -206,20 +208,12 @@ class TokenCache:
         if len(ids) and 0 <= ids.min() and ids.max() < 2 ** 31:
             ids = ids.astype(np.int32)
         rkeys = list(self.replies)
+        lens = np.array([self.replies[k] for k in rkeys], dtype=np.int64)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    np.savez(out, format=np.int64(_FORMAT), fingerprint=np.str_(self.fingerprint),
-                             prompt_keys=_join_keys(pkeys), prompt_offsets=offsets,
-                             prompt_ids=ids, reply_keys=_join_keys(rkeys),
-                             reply_lens=np.array([self.replies[k] for k in rkeys],
-                                                 dtype=np.int64))
-                os.replace(tmp, self.path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            _write_atomic(self.path, lambda out: np.savez(
+                out, format=np.int64(_FORMAT), fingerprint=np.str_(self.fingerprint),
+                prompt_keys=_join_keys(pkeys), prompt_offsets=offsets, prompt_ids=ids,
+                reply_keys=_join_keys(rkeys), reply_lens=lens))
         except OSError as exc:      # a read-only or full disk costs the next run time, no more
             warnings.warn(f"could not write the token cache {self.path}: {exc}", stacklevel=2)
             return

@@ -87,7 +87,6 @@ class Request:
         "stop_reason",
         "token_ids",
         "token_limit",
-        "token_times",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
@@ -116,7 +115,6 @@ class Request:
         self.slo_deadline_s = slo_deadline_s
         self.num_preemptions = 0
         self.metrics = RequestMetrics(arrival_time=arrival_time)
-        self.token_times = self.metrics.token_times     # appended to for every token
         self.error: str | None = None
 
     def fix_stop_conditions(self, max_model_len: int | None = None) -> None:

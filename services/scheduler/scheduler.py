@@ -188,10 +188,10 @@ class Scheduler:
                 finished.append(req)
                 continue
             tokens.append(token)
-            times = req.token_times         # the metrics' list
-            if not times:
-                req.metrics.first_token_time = now
-            times.append(now)
+            metrics = req.metrics
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.token_times.append(now)
             if token in req.stop_candidates:
                 reason, stop_reason = self._stop_condition(req, token)
                 if reason is not None:
