@@ -67,7 +67,11 @@ def serve(args: argparse.Namespace) -> int:
     print(f"gateway at {url_of(sock)}/v1 -> scheduler {args.scheduler}", file=sys.stderr,
           flush=True)
     try:
-        make_server(app, args.log_level).run(sockets=[sock])
+        # The stock asyncio loop, not uvloop: grpc.aio is built for it, and with uvloop each
+        # scheduler reply reached the handler later (TTFT overhead of the gateway over the
+        # gRPC SDK, p50, 2-core CPU, alternating runs: 1.69-1.70 ms against 1.90-1.91 ms).
+        # An in-process engine (``lenserve serve``) is faster on uvloop and keeps it.
+        make_server(app, args.log_level, loop="asyncio").run(sockets=[sock])
     finally:
         sock.close()
     return 0

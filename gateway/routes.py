@@ -6,13 +6,13 @@ import asyncio
 import logging
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from gateway.errors import APIError, error_body
 from gateway.generation import Generation
 from gateway.openapi import COMPLETION, GUARDED, METRICS
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from gateway.responses import DONE, ChatShape, CompletionShape, sse
+from gateway.responses import DONE, ChatShape, CompletionShape, EventStream, client_left, sse
 from gateway.sampling import Prompt, completion_prompt, request_kwargs, sampling_params
 
 log = logging.getLogger(__name__)
@@ -80,9 +80,8 @@ async def serve(request: Request, body: SamplingFields, prompt: Prompt, shape_cl
     state.metrics.requests.labels(endpoint, "200").inc()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(stream(gen, shape, include_usage),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return EventStream(stream(gen, shape, include_usage),
+                           headers={"Cache-Control": "no-cache"})
     return await whole(gen, shape, request)
 
 
@@ -97,7 +96,7 @@ async def whole(gen: Generation, shape: CompletionShape, request: Request) -> Re
     handler whose client went away, so the disconnect is watched here and ends the request
     upstream (``Generation.deltas`` aborts a request dropped before its end)."""
     collect = asyncio.ensure_future(_collect(gen))
-    left = asyncio.ensure_future(_client_left(request))
+    left = asyncio.ensure_future(client_left(request.receive))
     await asyncio.wait((collect, left), return_when=asyncio.FIRST_COMPLETED)
     if not collect.done():
         collect.cancel()
@@ -117,13 +116,6 @@ async def _collect(gen: Generation) -> list[str]:
     return [text async for text, _ in gen.deltas()]
 
 
-async def _client_left(request: Request) -> None:
-    """Returns once the client has disconnected (the body was read already, so the next
-    message the server has for this request is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def stream(gen: Generation, shape: CompletionShape, include_usage: bool):
     opening = shape.opening()
     if opening is not None:
@@ -131,7 +123,7 @@ async def stream(gen: Generation, shape: CompletionShape, include_usage: bool):
     try:
         async for text, finish_reason in gen.deltas():
             if text or finish_reason:
-                yield sse(shape.chunk(text, finish_reason))
+                yield shape.event(text, finish_reason)
     except Exception as exc:  # noqa: BLE001 - headers are gone; say it in the stream
         log.warning("stream %s failed: %s", gen.request_id, exc)
         yield sse(error_body(503, f"generation failed: {exc}", code="generation_failed"))

@@ -24,11 +24,13 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-def make_server(app, log_level: str = "warning") -> uvicorn.Server:
+def make_server(app, log_level: str = "warning", loop: str = "auto") -> uvicorn.Server:
+    """``loop``: uvicorn's event loop, "auto" (uvloop where installed) or "asyncio"; see
+    ``gateway.__main__`` for why the gateway in front of the gRPC scheduler takes asyncio."""
     # Keep-alive beyond uvicorn's 5 s default: benchmark clients reuse idle connections.
     # No limit_concurrency: the app's guard bounds open requests and answers 503 in the
     # OpenAI error shape; uvicorn's own 503 is plain text.
-    config = uvicorn.Config(app, log_level=log_level, timeout_keep_alive=30,
+    config = uvicorn.Config(app, log_level=log_level, loop=loop, timeout_keep_alive=30,
                             timeout_graceful_shutdown=5)
     return uvicorn.Server(config)
 
