@@ -94,9 +94,11 @@ class CompletionShape:
         request: only the text and the finish reason are encoded per token."""
         if self._frame is None:
             framed = sse(self.chunk(_TEXT_MARK, _REASON_MARK))
-            parts = framed.split(_encode(_TEXT_MARK).encode())
-            parts = parts[:1] + parts[-1].split(_encode(_REASON_MARK).encode())
-            self._frame = tuple(parts) if len(parts) == 3 else ()   # () if a name held a mark
+            text_mark, reason_mark = _encode(_TEXT_MARK).encode(), _encode(_REASON_MARK).encode()
+            self._frame = ()      # a name holding a mark: the envelope is encoded whole
+            if framed.count(text_mark) == framed.count(reason_mark) == 1:
+                head, rest = framed.split(text_mark)
+                self._frame = (head, *rest.split(reason_mark))
         if not text or not self._frame:
             return sse(self.chunk(text, finish_reason))
         head, middle, tail = self._frame

@@ -235,22 +235,13 @@ class EngineCore:
             except Exception as exc:  # noqa: BLE001 - the state and the pool disagree: say so
                 failed.append(self._fail_request(rid, f"swap-{'out' if is_out else 'in'} "
                                                       f"failed: {exc}"))
-        for rid, handle in handles:
-            try:
-                handle.wait()
-            except Exception as exc:  # noqa: BLE001
-                failed.append(self._fail_request(rid, f"swap-in failed: {exc}"))
+        failed += self._wait_swap_ins(handles)
         return [f for f in failed if f is not None]
 
     def _finish_swaps(self) -> list[RequestOutput]:
         """Wait for the iteration's swap-outs and uploads ahead; returns the outputs of the
         requests whose upload failed."""
-        failed = []
-        for rid, handle in self._swap_ins_ahead:
-            try:
-                handle.wait()
-            except Exception as exc:  # noqa: BLE001 - the request ends with the reason
-                failed.append(self._fail_request(rid, f"swap-in failed: {exc}"))
+        failed = self._wait_swap_ins(self._swap_ins_ahead)
         self._swap_ins_ahead.clear()
         for handle in self._swap_outs:
             try:
@@ -260,6 +251,16 @@ class EngineCore:
         self._swap_outs.clear()
         self.scheduler.release_swapped_blocks()
         return [f for f in failed if f is not None]
+
+    def _wait_swap_ins(self, handles: list[tuple[str, SwapHandle]]) -> list[RequestOutput | None]:
+        """Wait for each swap-in; a failed one ends its request with the reason."""
+        failed = []
+        for rid, handle in handles:
+            try:
+                handle.wait()
+            except Exception as exc:  # noqa: BLE001 - the request ends with the reason
+                failed.append(self._fail_request(rid, f"swap-in failed: {exc}"))
+        return failed
 
     def _fail_request(self, request_id: str, why: str) -> RequestOutput | None:
         request = self.scheduler.state.requests.get(request_id)

@@ -12,7 +12,7 @@ TEXTS = ["hi", "", 'quote " backslash \\ newline \n é 中', "\x00text", "\x00fi
 
 
 @pytest.mark.parametrize("shape_cls", [CompletionShape, ChatShape])
-@pytest.mark.parametrize("model", ["m", "name with \x00text", "\x00finish_reason"])
+@pytest.mark.parametrize("model", ["m", "name with \x00text", "\x00text", "\x00finish_reason"])
 def test_a_framed_event_is_the_chunk_encoded_whole(shape_cls, model):
     shape = shape_cls(model, "req-1")
     for text in TEXTS:
