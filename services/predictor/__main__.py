@@ -151,6 +151,7 @@ def _periodic_retrain(predictor, interval_s: float, stop: threading.Event) -> No
 
 async def serve_async(args) -> int:
     from services.predictor.core import Predictor
+    from services.predictor.learning import ThreadRetrainer
     from services.predictor.servicer import build_server, mark_serving
 
     from services.predictor import tasks
@@ -158,7 +159,7 @@ async def serve_async(args) -> int:
     config = config_from_args(args)
     predictor = Predictor(config)
     # Retraining never runs on the Observe path: in a Celery worker, else in a thread.
-    predictor.retrain_hook = tasks.ThreadRetrainer(predictor)
+    predictor.retrain_hook = ThreadRetrainer(predictor)
     if args.celery_broker:
         tasks.configure(args.celery_broker)
         if args.retrain_dir:
@@ -188,6 +189,9 @@ async def serve_async(args) -> int:
     await done.wait()
     stop.set()
     await server.stop(grace=5)
+    closer = getattr(predictor.retrain_hook, "close", None)
+    if closer is not None:
+        closer()
     predictor.store.close()
     return 0
 

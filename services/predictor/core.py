@@ -297,20 +297,23 @@ class Predictor:
                                      self.seed_bias.shift(model, Source.MLP.value),
                                      self.config.observed_parity)
 
-    def retrain(self, model: str) -> int:
-        """Train the MLP from the DB's contents in-process and swap it in; returns the version."""
+    def retrain(self, model: str, stop: threading.Event | None = None) -> int:
+        """Train the MLP from the DB's contents in-process and swap it in; returns the version.
+        ``stop``: once set, training ends with ``learning.TrainingStopped`` and the served MLP
+        stays."""
         data = self.training_set(model)
         if data.num_observed and self.seed_mlps.get(model) is None:
-            self._train_seed_mlp(model, data)
-        module = mlp.train(data.vectors, data.lengths, self.config.mlp, data.weights)
+            self._train_seed_mlp(model, data, stop)
+        module = mlp.train(data.vectors, data.lengths, self.config.mlp, data.weights, stop)
         return self.install_mlp(model, module, len(data.vectors), data)
 
-    def _train_seed_mlp(self, model: str, data: TrainingSet) -> None:
+    def _train_seed_mlp(self, model: str, data: TrainingSet,
+                        stop: threading.Event | None = None) -> None:
         seed = ~data.observed
         if seed.sum() < self.config.mlp.min_train_records:
             return
         lengths = np.expm1(np.log1p(data.lengths[seed]) - data.seed_shift)
-        module = mlp.train(data.vectors[seed], lengths, self.config.mlp)
+        module = mlp.train(data.vectors[seed], lengths, self.config.mlp, stop=stop)
         self.seed_mlps.swap(model, module, int(seed.sum()))
 
     def install_mlp(self, model: str, module, num_records: int,

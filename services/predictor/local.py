@@ -1,16 +1,22 @@
 """The LengthPredictor implementations the serving loop can be given: ``embedded`` (the ALISE
-predictor in this process), ``grpc://HOST:PORT`` (the predictor service) and ``oracle``."""
+predictor in this process, from the bundled seed), ``embedded:DIR`` (the same, from a copy of
+a DB ``lenserve predictor build`` wrote), ``grpc://HOST:PORT`` (the predictor service) and
+``oracle``."""
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import logging
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from services.predictor.interface import LengthPredictor, PredictQuery
+from services.predictor.learning import ThreadRetrainer
 from services.predictor.types import Completion, Prediction, PredictionError, Source
 
 log = logging.getLogger(__name__)
@@ -49,9 +55,10 @@ class EmbeddedPredictor(LengthPredictor):
 
     name = "embedded"
 
-    def __init__(self, core, model: str):
+    def __init__(self, core, model: str, workdir: str | None = None):
         self.core = core
         self.model = model
+        self._workdir = workdir     # a private copy of a built DB, removed on close
 
     def predict(self, queries: Sequence[PredictQuery], model: str) -> list[Prediction]:
         try:
@@ -64,6 +71,15 @@ class EmbeddedPredictor(LengthPredictor):
         result = self.core.observe(completions)
         if result.rejected:
             log.info("predictor rejected %d of %d completions", result.rejected, len(completions))
+
+    def close(self) -> None:
+        closer = getattr(self.core.retrain_hook, "close", None)
+        if closer is not None:
+            closer()
+        if self._workdir is not None:
+            self.core.store.close()
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
 
 
 class GrpcPredictor(LengthPredictor):
@@ -134,6 +150,7 @@ def build_embedded(model: str, seed_path: str | Path | None = None, progress=Non
     from services.predictor.core import Predictor
 
     core = Predictor(PredictorConfig(default_model=model))
+    core.retrain_hook = ThreadRetrainer(core)
     prompts, lengths = load_seed(seed_path or BUNDLED_SEED)
     vectors = None if seed_path else bundled_vectors(core.embedder, len(prompts))
     if vectors is not None:
@@ -143,6 +160,52 @@ def build_embedded(model: str, seed_path: str | Path | None = None, progress=Non
         _embed_seed(core, model, prompts, lengths, progress)
         _train_mlp(core, model)
     return EmbeddedPredictor(core, model)
+
+
+def build_from_db(model: str, db_dir: str | Path) -> EmbeddedPredictor:
+    """An in-memory ALISE predictor that starts from a DB ``lenserve predictor build
+    --qdrant-path DIR`` wrote: its points, the encoder fine-tuned beside it and its MLP. It
+    learns from served requests in a private copy, so ``DIR`` itself never changes and every
+    engine given it starts from the same state (benchmarks replay the same prompts at every
+    rate; a shared DB would have learnt their lengths)."""
+    from services.predictor.__main__ import encoder_beside_db, mlp_path
+    from services.predictor.config import EmbedderConfig, PredictorConfig, StoreConfig
+    from services.predictor.core import Predictor
+
+    source = Path(db_dir)
+    if not source.is_dir():
+        raise ValueError(f"no predictor DB at {source}: build one with `lenserve predictor "
+                         f"build --qdrant-path {source} --model {model} ...`")
+    encoder = encoder_beside_db(str(source), None)
+    workdir, core = tempfile.mkdtemp(prefix="lenserve-predictor-"), None
+    try:
+        shutil.copytree(source, Path(workdir) / "db")
+        config = PredictorConfig(
+            default_model=model,
+            embedder=EmbedderConfig(encoder if encoder and Path(encoder).is_dir() else None),
+            store=StoreConfig(qdrant_path=str(Path(workdir) / "db")))
+        core = Predictor(config)
+        core.retrain_hook = ThreadRetrainer(core)
+        models = core.store.models()
+        if model not in models:
+            raise ValueError(f"the predictor DB at {source} holds {', '.join(models) or 'no'} "
+                             f"model(s), not {model!r}: build it with --model {model}")
+        try:
+            core.store.has_model(model)     # refuses vectors of another encoder
+        except ValueError as exc:
+            raise ValueError(f"{exc} (embedded:DIR reads the encoder at {encoder})") from None
+        mlp = mlp_path(dataclasses.replace(config, store=StoreConfig(qdrant_path=str(source))),
+                       model)
+        if mlp and Path(mlp).exists():
+            core.load_mlp(model, mlp)
+        else:
+            _train_mlp(core, model)
+    except BaseException:
+        if core is not None:
+            core.store.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    return EmbeddedPredictor(core, model, workdir)
 
 
 def bundled_vectors(embedder, num_prompts: int) -> np.ndarray | None:
@@ -174,13 +237,20 @@ def _train_mlp(core, model: str) -> None:
 
 def make_predictor(spec: str, model: str, seed_path: str | None = None, progress=None
                    ) -> LengthPredictor | None:
-    """``none`` | ``embedded`` | ``oracle`` | ``grpc://HOST:PORT``."""
+    """``none`` | ``embedded`` | ``embedded:DIR`` (a built DB) | ``oracle`` |
+    ``grpc://HOST:PORT``."""
     if spec in ("", "none"):
         return None
     if spec == "oracle":
         return OraclePredictor()
     if spec == "embedded":
         return build_embedded(model, seed_path, progress)
+    if spec.startswith("embedded:"):
+        if seed_path:
+            raise ValueError("--predictor-seed seeds the bundled embedded predictor; "
+                             "embedded:DIR starts from the DB in DIR")
+        return build_from_db(model, spec.removeprefix("embedded:"))
     if spec.startswith("grpc://"):
         return GrpcPredictor(spec.removeprefix("grpc://"))
-    raise ValueError(f"unknown predictor {spec!r}; use none, embedded, oracle or grpc://HOST:PORT")
+    raise ValueError(f"unknown predictor {spec!r}; use none, embedded, embedded:DIR, oracle or "
+                     "grpc://HOST:PORT")

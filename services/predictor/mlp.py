@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from services.predictor.config import MLPConfig
+from services.predictor.learning import TrainingStopped
 
 # Version of the saved weights' layout and input features. 2: an ensemble whose input is the
 # embedder's vector (head+tail embedding when tail_chars > 0). Files without it were trained
@@ -68,18 +69,20 @@ class MLPWeights:
 
 
 def train(vectors: np.ndarray, lengths: np.ndarray, config: MLPConfig,
-          weights: np.ndarray | None = None) -> Ensemble:
+          weights: np.ndarray | None = None, stop: threading.Event | None = None) -> Ensemble:
     """`weights`: a record's weight in the loss (default all equal); the served model's own
-    completions weigh more than seed records."""
+    completions weigh more than seed records. `stop`: checked every epoch; once set, raises
+    ``TrainingStopped``."""
     if len(vectors) < config.min_train_records:
         raise ValueError(f"need at least {config.min_train_records} records to train the MLP, "
                          f"got {len(vectors)}")
-    return Ensemble([_train_one(vectors, lengths, config, config.seed + i, weights)
+    return Ensemble([_train_one(vectors, lengths, config, config.seed + i, weights, stop)
                      for i in range(max(1, config.ensemble))]).eval()
 
 
 def _train_one(vectors: np.ndarray, lengths: np.ndarray, config: MLPConfig, seed: int,
-               weights: np.ndarray | None = None) -> nn.Module:
+               weights: np.ndarray | None = None, stop: threading.Event | None = None
+               ) -> nn.Module:
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     x = torch.from_numpy(np.asarray(vectors, np.float32))
@@ -92,6 +95,8 @@ def _train_one(vectors: np.ndarray, lengths: np.ndarray, config: MLPConfig, seed
     opt = torch.optim.AdamW(module.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     best, best_state, stale = float("inf"), None, 0
     for _ in range(config.epochs):
+        if stop is not None and stop.is_set():
+            raise TrainingStopped("MLP training stopped")
         module.train()
         for idx in _epoch(fit, w, gen).split(config.batch_size):
             loss = _pinball(module(x[idx]).squeeze(-1), y[idx], config.quantile)

@@ -53,36 +53,6 @@ def retrain_mlp(data_path: str, out_path: str, mlp_config: dict) -> dict:
     return {"out_path": out_path, "num_records": len(vectors)}
 
 
-class ThreadRetrainer:
-    """Retrains in a background thread of the service (no Celery): Observe never waits for
-    a training run. Usable as Predictor.retrain_hook."""
-
-    def __init__(self, predictor):
-        self.predictor = predictor
-        self._busy: set[str] = set()
-        self._lock = threading.Lock()
-
-    def __call__(self, model: str) -> threading.Thread | None:
-        with self._lock:
-            if model in self._busy:  # one retrain per model at a time; the next trigger catches up
-                return None
-            self._busy.add(model)
-        thread = threading.Thread(target=self._run, args=(model,), daemon=True,
-                                  name=f"retrain-{model}")
-        thread.start()
-        return thread
-
-    def _run(self, model: str) -> None:
-        try:
-            version = self.predictor.retrain(model)
-            log.info("MLP of %s retrained, version %d", model, version)
-        except Exception as exc:  # noqa: BLE001 - the served MLP stays; log and move on
-            log.warning("retrain of %s failed: %s", model, exc)
-        finally:
-            with self._lock:
-                self._busy.discard(model)
-
-
 class CeleryRetrainer:
     """Service side: snapshot → task → load + swap. Usable as Predictor.retrain_hook.
     The snapshot is the predictor's training set: seed targets already moved by the seed

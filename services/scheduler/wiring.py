@@ -32,7 +32,7 @@ class EngineConfig:
     max_model_len: int | None = None
     seed: int = 0
     skip_tokenizer_init: bool = False         # run on prompt_token_ids only (no tokenizer)
-    # none | embedded | oracle | grpc://HOST:PORT
+    # none | embedded | embedded:DIR | oracle | grpc://HOST:PORT
     predictor: str = "none"
     predictor_seed: str | None = None         # {"prompt","output_len"} JSON lines; None: bundled
     kafka_bootstrap: str | None = None        # completions go to the Kafka topic, not observe()

@@ -31,6 +31,26 @@ def test_early_stopped_median_regressor_beats_a_constant(tmp_path):
     np.testing.assert_allclose(mlp.MLPWeights(loaded, 2, n).predict(x[500:]), pred, rtol=1e-5)
 
 
+def test_training_stops_within_an_epoch_of_being_asked(monkeypatch):
+    import threading
+
+    from services.predictor.learning import TrainingStopped
+
+    x, y = _data(200)
+    stop, epochs = threading.Event(), []
+    real_epoch = mlp._epoch
+
+    def counted(*args):
+        epochs.append(1)
+        if len(epochs) == 3:
+            stop.set()
+        return real_epoch(*args)
+    monkeypatch.setattr(mlp, "_epoch", counted)
+    with pytest.raises(TrainingStopped):
+        mlp.train(x, y, MLPConfig(hidden=8, epochs=50, patience=50), stop=stop)
+    assert len(epochs) == 3
+
+
 def test_ensemble_saves_with_format_and_old_files_are_refused(tmp_path):
     x, y = _data(200)
     module = mlp.train(x, y, MLPConfig(hidden=8, epochs=3, ensemble=2))

@@ -10,7 +10,9 @@ import pytest
 
 from lenserve_contract.sampling_params import SamplingParams
 from services.predictor.kafka_bus import CompletionConsumer, ensure_topic
-from services.predictor.local import BUNDLED_SEED, load_seed
+from services.predictor.config import StoreConfig
+from services.predictor.core import Predictor
+from services.predictor.local import BUNDLED_SEED, load_seed, make_predictor
 from services.scheduler.wiring import EngineConfig, engine_parts
 from services.scheduler.engine_core import EngineCore
 
@@ -42,6 +44,15 @@ def run(engine: EngineCore, prompts=PROMPTS, max_tokens=5):
     return outs
 
 
+def served_predictor(engine: EngineCore):
+    """The engine's embedded predictor, once PROMPTS (5 tokens each) were served, predicted
+    and observed."""
+    assert len(run(engine)) == 4
+    pump = engine.predictions
+    assert pump.flush(60) and pump.num_predicted == 4
+    return pump.predictor
+
+
 def test_bundled_seed_loads():
     prompts, lengths = load_seed(BUNDLED_SEED)
     assert len(prompts) == len(lengths) == 2000 and min(lengths) >= 0
@@ -59,11 +70,7 @@ def test_embedded_predictions_and_learning_from_completions(tmp_path):
                        max_model_len=64, check_integrity=True)
     engine = EngineCore(**engine_parts(cfg))
     try:
-        outs = run(engine)
-        assert len(outs) == 4
-        pump = engine.predictions
-        assert pump.flush(60) and pump.num_predicted == 4
-        core = pump.predictor.core
+        core = served_predictor(engine).core
         vectors, lengths, *_ = core.export("fake")
         assert len(lengths) >= 8 + 4   # seeded, then one point per served prompt
         # The completions taught the DB: each prompt now retrieves its own served length.
@@ -71,6 +78,104 @@ def test_embedded_predictions_and_learning_from_completions(tmp_path):
         assert [p.length for p in preds] == [5, 5, 5, 5]
     finally:
         engine.close()
+
+
+def built_db(tmp_path, model="fake", n=40):
+    """A DB as ``lenserve predictor build --qdrant-path DIR`` leaves it (no MLP file: the
+    engine trains one on the copy)."""
+    from tests.predictor.conftest import small_config
+
+    db = str(tmp_path / "db")
+    core = Predictor(small_config(store=StoreConfig(qdrant_path=db)))
+    prompts, lengths = zip(*[(f"Recipe {i}: how long to bake a {SEED_TOPICS[i % 4]}?", 100 + i)
+                             for i in range(n)])
+    core.seed(model, list(prompts), list(lengths))
+    count = core.store.count(model)
+    core.store.close()
+    return db, count
+
+
+def test_an_engine_starts_from_a_built_db_learns_in_a_copy_and_leaves_the_db_as_it_was(
+        tmp_path):
+    db, count = built_db(tmp_path)
+    cfg = EngineConfig(model="fake", predictor=f"embedded:{db}", max_model_len=64)
+    engine = EngineCore(**engine_parts(cfg))
+    try:
+        predictor = served_predictor(engine)
+        workdir = predictor._workdir
+        core = predictor.core
+        assert core.store.count("fake") == count + 4    # learnt the served prompts...
+        assert [p.length for p in core.predict(PROMPTS, "fake")] == [5, 5, 5, 5]
+    finally:
+        engine.close()
+    # ...in a private copy, removed on close: the built DB is as it was, so a second engine
+    # does not know the served lengths.
+    import os
+    assert not os.path.exists(workdir)
+    again = make_predictor(f"embedded:{db}", "fake")
+    try:
+        assert again.core.store.count("fake") == count
+        assert all(p.length >= 100 for p in again.core.predict(PROMPTS, "fake"))
+    finally:
+        again.close()
+
+
+def test_an_embedded_predictor_retrains_beside_its_predictions_at_the_lowest_priority(
+        tmp_path, monkeypatch):
+    """A retrain takes seconds to tens of seconds on a CPU: it must not hold up the
+    predictions queued behind the observe call that triggered it."""
+    import os
+    from services.predictor.interface import PredictQuery
+
+    db, _ = built_db(tmp_path, n=12)
+    predictor = make_predictor(f"embedded:{db}", "fake")
+    core, started, release, seen = predictor.core, threading.Event(), threading.Event(), {}
+
+    def slow_retrain(model, stop=None):
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        started.set()
+        release.wait(30)
+        return 1
+    monkeypatch.setattr(core, "retrain", slow_retrain)
+    try:
+        thread = core.retrain_hook("fake")
+        assert started.wait(10)
+        preds = predictor.predict([PredictQuery(p, 64) for p in PROMPTS], "fake")
+        assert len(preds) == 4 and all(p.length > 0 for p in preds)
+        assert not release.is_set() and thread.is_alive()   # answered while it trains
+        assert core.retrain_hook("fake") is None             # one retrain at a time
+        release.set()
+        thread.join(10)
+        assert seen["nice"] == 19
+    finally:
+        release.set()
+        predictor.close()
+
+
+def test_closing_an_embedded_predictor_stops_its_retrain(tmp_path):
+    # A process that exits while a thread is inside torch aborts (exit status 134).
+    db, _ = built_db(tmp_path)
+    predictor = make_predictor(f"embedded:{db}", "fake")
+    thread = predictor.core.retrain_hook("fake")
+    predictor.close()
+    assert not thread.is_alive()
+    assert predictor.core.retrain_hook("fake") is None      # none starts after close
+
+
+def test_a_missing_db_or_one_of_another_model_is_a_clear_error(tmp_path, monkeypatch):
+    import tempfile
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with pytest.raises(ValueError, match="no predictor DB at .*lenserve predictor build"):
+        make_predictor(f"embedded:{tmp_path / 'nothing'}", "fake")
+    db, _ = built_db(tmp_path, model="other", n=8)
+    with pytest.raises(ValueError, match="holds other model.*not 'fake'.*--model fake"):
+        make_predictor(f"embedded:{db}", "fake")
+    assert not list(scratch.iterdir())      # the refused copy is not left behind
+    with pytest.raises(ValueError, match="embedded:DIR starts from the DB"):
+        make_predictor(f"embedded:{db}", "other", seed_path=str(seed_file(tmp_path)))
 
 
 def test_completions_go_to_kafka_when_a_bootstrap_server_is_set(tmp_path, kafka_bootstrap,
