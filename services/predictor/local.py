@@ -193,7 +193,8 @@ def build_from_db(model: str, db_dir: str | Path) -> EmbeddedPredictor:
         try:
             core.store.has_model(model)     # refuses vectors of another encoder
         except ValueError as exc:
-            raise ValueError(f"{exc} (embedded:DIR reads the encoder at {encoder})") from None
+            raise ValueError(f"{exc} (embedded:DIR uses the encoder at {encoder} if there is "
+                             "one, else the stock MiniLM)") from None
         mlp = mlp_path(dataclasses.replace(config, store=StoreConfig(qdrant_path=str(source))),
                        model)
         if mlp and Path(mlp).exists():
