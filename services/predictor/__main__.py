@@ -189,10 +189,7 @@ async def serve_async(args) -> int:
     await done.wait()
     stop.set()
     await server.stop(grace=5)
-    closer = getattr(predictor.retrain_hook, "close", None)
-    if closer is not None:
-        closer()
-    predictor.store.close()
+    predictor.close()
     return 0
 
 

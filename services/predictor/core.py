@@ -297,6 +297,13 @@ class Predictor:
                                      self.seed_bias.shift(model, Source.MLP.value),
                                      self.config.observed_parity)
 
+    def close(self) -> None:
+        """Stop the retrains in flight (a retrain hook that can be stopped) and close the DB."""
+        stop = getattr(self.retrain_hook, "close", None)
+        if stop is not None:
+            stop()
+        self.store.close()
+
     def retrain(self, model: str, stop: threading.Event | None = None) -> int:
         """Train the MLP from the DB's contents in-process and swap it in; returns the version.
         ``stop``: once set, training ends with ``learning.TrainingStopped`` and the served MLP

@@ -73,11 +73,8 @@ class EmbeddedPredictor(LengthPredictor):
             log.info("predictor rejected %d of %d completions", result.rejected, len(completions))
 
     def close(self) -> None:
-        closer = getattr(self.core.retrain_hook, "close", None)
-        if closer is not None:
-            closer()
+        self.core.close()
         if self._workdir is not None:
-            self.core.store.close()
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
 
