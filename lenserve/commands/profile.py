@@ -25,6 +25,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="largest batch measured (the engine's token budget)")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per point, after a warm-up")
+    p.add_argument("--serving-iterations", type=int, default=300,
+                   help="iterations of the real serving core timed after the grid (0: none); "
+                        "they show the fit what consecutive, differing batches cost")
     p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads")
     p.add_argument("--out", required=True, help="profile JSON to write")
     p.add_argument("--swaps-only", action="store_true",
@@ -46,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     bar = (lambda items: tqdm(items, desc=f"profile {args.model}", unit="point",
                               disable=args.disable_tqdm, file=sys.stderr))
     profile = run_profile(executor, max_tokens=args.max_num_batched_tokens,
-                          repeats=args.repeats, progress=bar)
+                          repeats=args.repeats, serving_iterations=args.serving_iterations,
+                          progress=bar)
     profile.save(args.out)
     model, report = profile.fit()
     print(f"{len(profile.points)} points written to {args.out}")

@@ -99,3 +99,33 @@ def test_simulate_reuses_token_counts_across_runs(tmp_path, monkeypatch):
     assert fresh == cold == warm
     assert written.stat().st_mtime_ns == mtime        # nothing new to count: not rewritten
     assert len(loads) == 2      # every text counted already: the tokenizer was never loaded
+
+
+def test_the_serving_pass_times_the_engines_own_iterations():
+    from services.executor.runner import InProcessExecutor
+    from services.simulator.profiler import SMALL_BATCH, serving_pass
+    executor = InProcessExecutor("opt-tiny", num_gpu_blocks=256, block_size=16)
+    points = serving_pass(executor, 60, seed=1)
+    assert len(points) == 60 and all(p.median_s > 0 for p in points)
+    sizes = {p.features.num_seqs for p in points}
+    assert len(sizes) > 3 and max(sizes) <= SMALL_BATCH
+    mixed = [p for p in points if any(q > 1 for _, q, _ in p.groups) and
+             any(q == 1 for _, q, _ in p.groups)]
+    assert mixed                                    # prompt chunks beside decodes
+    # Every sequence's context is what the engine had computed: decodes follow their prompt.
+    assert all(done > 0 for p in points for _, q, done in p.groups if q == 1)
+    # The executor is left usable for the rest of the profile.
+    assert Profiler(executor, repeats=1).measure(((1, 4, 0),)).median_s > 0
+
+
+def test_profile_command_writes_grid_and_serving_points(tmp_path, capsys):
+    from services.simulator.profile_file import load_profile
+    out = tmp_path / "p.json"
+    assert main(["profile", "--model", "opt-tiny", "--device", "cpu", "--out", str(out),
+                 "--repeats", "1", "--max-num-batched-tokens", "64",
+                 "--serving-iterations", "20", "--disable-tqdm"]) == 0
+    profile = load_profile(out)
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["serving_points"] == 20 and len(profile.points) == meta["grid_points"] + 20
+    assert all(len(p.seconds) == 1 for p in profile.points[-20:])
+    assert f"{len(profile.points)} points written" in capsys.readouterr().out
