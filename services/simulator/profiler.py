@@ -49,7 +49,8 @@ def grid(max_tokens: int, kv_tokens: int, max_len: int, large: bool) -> list[tup
                                           256 * scale)
               for c in (64, 128, 512, 1024)]
     # Every small batch size once, so each hinge below SMALL_BATCH has a point of its own.
-    decode += [((d, 1, 63),) for d in range(3, SMALL_BATCH) if d not in (4, 8)]
+    timed = {count for ((count, _, _),) in decode}
+    decode += [((d, 1, 63),) for d in range(1, SMALL_BATCH + 1) if d not in timed]
     mixed = [((1, 256, 0), (16, 1, 511)), ((1, 1024, 0), (8, 1, 255)),
              ((1, 128, 256), (32, 1, 127))]
     return [g for g in prefill + decode + mixed if _fits(g, max_tokens, kv_tokens, max_len)]
