@@ -124,6 +124,39 @@ def sustained_table(runs: list[dict], key, limits: list[float], what: str) -> li
     return lines
 
 
+def throughput_at_bound(points: list[tuple[float, float, float]], bound: float) -> float:
+    """Highest measured output throughput among the runs that keep the P99 latency bound,
+    taking rates in order up to the first that breaks it (as ``sustained_rate``); NaN if the
+    lowest rate already breaks it. ``points`` are (rate, P99 bound s, tok/s)."""
+    best = math.nan
+    for _, lb, tput in sorted(points):
+        if not lb <= bound:
+            break
+        best = tput if math.isnan(best) else max(best, tput)
+    return best
+
+
+def throughput_bound_table(runs: list[dict], bounds: list[float]) -> list[str]:
+    """The paper-002 comparison: output tokens/s each policy delivers while keeping every
+    request's longest token gap (P99 over requests) under a bound."""
+    points: dict[str, list[tuple[float, float, float]]] = {}
+    for run in runs:
+        s = run["summary"]
+        points.setdefault(run["policy"], []).append(
+            (run["request_rate"], s["latency_bound_ms"]["p99"] / 1e3, s["output_throughput"]))
+    head = "| policy | " + " | ".join(f"P99 LB <= {b:g} s: tok/s | x vllm" for b in bounds)
+    lines = [head + " |", "| --- |" + " --- | --- |" * len(bounds)]
+    for policy, pts in points.items():
+        cells = []
+        for b in bounds:
+            tput = throughput_at_bound(pts, b)
+            base = throughput_at_bound(points["vllm"], b) if "vllm" in points else math.nan
+            cells += ["-" if math.isnan(tput) else f"{tput:.0f}",
+                      f"{tput / base:.2f}" if base > 0 and not math.isnan(tput) else "-"]
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def prediction_table(runs: list[dict]) -> list[str]:
     lines = [("| policy | rate | predicted | mean abs rel error | median | within 50% | Spearman "
              "| sources |"), "| --- |" + " --- |" * 7]
@@ -146,6 +179,8 @@ def report(runs: list[dict], label: str, slos: list[float], bounds: list[float])
          sustained_table(runs, lambda x: x[NL], slos, "NL")),
         ("Highest rate under a P99 latency bound (s)",
          sustained_table(runs, lambda x: x["latency_bound_ms"]["p99"] / 1e3, bounds, "P99 LB")),
+        ("Highest output throughput under a P99 latency bound (tok/s)",
+         throughput_bound_table(runs, bounds)),
         ("Mean JCT (s)", rate_table(runs, lambda x: x["jct_ms"]["mean"] / 1e3, "{:.2f}")),
         ((f"SLO satisfaction ratio, JCT SLO {s.get('scale', '?')} x (tp + tg x l), tp "
          f"{s.get('tp_ms', math.nan):.1f} ms, tg {s.get('tg_ms', math.nan):.2f} ms"),

@@ -83,6 +83,38 @@ def test_fluidinfer_runs_an_upload_in_the_next_iteration_and_never_offloads_it_u
     assert uploads > 0 and all(r.num_output_tokens == 12 for r in reqs)
 
 
+def cycle_with_quantum(quantum: int):
+    """Drain a host-tier workload; returns the outputs and, for every request the policy
+    offloaded to make room for an upload, how many iterations it had run since it entered
+    the device (evictions for a request's own growth are not counted)."""
+    s = make_scheduler("fluidinfer", num_host_blocks=64, num_gpu_blocks=12, max_model_len=48,
+                       policy_config=("max_swaps_per_step=2", f"min_resident_steps={quantum}"))
+    reqs = add(s, *(make_request(f"r{i}", 4, 32) for i in range(8)))
+    policy, offloaded = s.policy, []
+    original = policy._offload
+
+    def offload(state, output):
+        runs, before = dict(policy.steps_run), len(output.swapped_out)
+        original(state, output)
+        offloaded.extend(runs.get(rid, 0) for rid, _ in output.swapped_out[before:])
+
+    policy._offload = offload
+    outs = drain(s)
+    assert all(r.num_output_tokens == 32 for r in reqs)
+    return outs, offloaded
+
+
+def test_fluidinfer_keeps_a_resident_for_its_quantum_and_so_runs_fuller_batches():
+    fast, fast_offloaded = cycle_with_quantum(1)
+    slow, slow_offloaded = cycle_with_quantum(6)
+    assert fast_offloaded and slow_offloaded
+    assert min(slow_offloaded) >= 6 and min(fast_offloaded) < 6
+    # Fewer requests in transit: more tokens per iteration, fewer iterations to drain.
+    assert len(slow) < len(fast)
+    swaps = [sum(len(o.swapped_out) for o in outs) for outs in (fast, slow)]
+    assert swaps[1] < swaps[0]
+
+
 def test_sarathi_never_stalls_decodes_for_a_long_prompt():
     s = make_scheduler("sarathi", max_num_batched_tokens=8)
     add(s, make_request("a", 4, 20), make_request("b", 4, 20))
@@ -107,6 +139,7 @@ def test_sarathi_evicts_a_prefilling_request_before_a_decode():
 
 
 @pytest.mark.parametrize("policy,option", [("fluidinfer", "no_such_key=1"),
+                                           ("fluidinfer", "min_resident_steps=0"),
                                            ("fluidinfer", "wave_kv_blocks=1000"),
                                            ("fluidinfer", "wave_kv_blocks=-1"),
                                            ("sarathi", "no_such_key=1"),

@@ -1,0 +1,34 @@
+"""``scripts/policy_tables.py``: sustained rates and throughput under a latency bound."""
+import importlib.util
+import math
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "policy_tables.py"
+spec = importlib.util.spec_from_file_location("policy_tables", SCRIPT)
+tables = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tables)
+
+
+def run(policy, rate, p99_gap_s, tok_s):
+    return {"policy": policy, "request_rate": rate,
+            "summary": {"latency_bound_ms": {"p99": p99_gap_s * 1e3}, "output_throughput": tok_s}}
+
+
+def test_throughput_under_a_bound_stops_at_the_first_rate_that_breaks_it():
+    # (rate, P99 gap, tok/s): the 1.2 req/s run keeps the bound again, but a rate below it
+    # broke it, so it does not count (as for sustained rates).
+    pts = [(0.9, 2.0, 50.0), (0.3, 0.5, 30.0), (0.6, 0.8, 45.0), (1.2, 0.9, 60.0)]
+    assert tables.throughput_at_bound(pts, 1.0) == 45.0
+    assert tables.throughput_at_bound(pts, 2.5) == 60.0
+    assert math.isnan(tables.throughput_at_bound(pts, 0.4))
+
+
+def test_throughput_table_compares_with_vllm_and_marks_policies_that_never_keep_it():
+    runs = [run("vllm", 0.3, 0.9, 20.0), run("vllm", 0.6, 3.0, 40.0),
+            run("fluidinfer", 0.3, 0.4, 20.0), run("fluidinfer", 0.6, 0.6, 38.0),
+            run("econoserve", 0.3, 5.0, 19.0)]
+    lines = tables.throughput_bound_table(runs, [1.0])
+    rows = {line.split(" | ")[0].strip("| "): line for line in lines[2:]}
+    assert rows["vllm"] == "| vllm | 20 | 1.00 |"
+    assert rows["fluidinfer"] == "| fluidinfer | 38 | 1.90 |"
+    assert rows["econoserve"] == "| econoserve | - | - |"
