@@ -146,11 +146,12 @@ def throughput_bound_table(runs: list[dict], bounds: list[float]) -> list[str]:
             (run["request_rate"], s["latency_bound_ms"]["p99"] / 1e3, s["output_throughput"]))
     head = "| policy | " + " | ".join(f"P99 LB <= {b:g} s: tok/s | x vllm" for b in bounds)
     lines = [head + " |", "| --- |" + " --- | --- |" * len(bounds)]
+    bases = [throughput_at_bound(points["vllm"], b) if "vllm" in points else math.nan
+             for b in bounds]
     for policy, pts in points.items():
         cells = []
-        for b in bounds:
+        for b, base in zip(bounds, bases):
             tput = throughput_at_bound(pts, b)
-            base = throughput_at_bound(points["vllm"], b) if "vllm" in points else math.nan
             cells += ["-" if math.isnan(tput) else f"{tput:.0f}",
                       f"{tput / base:.2f}" if base > 0 and not math.isnan(tput) else "-"]
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")

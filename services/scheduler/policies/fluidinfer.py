@@ -126,9 +126,9 @@ class FluidInferPolicy(FcfsPolicy):
         return need + len(state.running) <= state.block_manager.num_free_blocks
 
     def _offload(self, state: SchedulerState, output: SchedulerOutput) -> None:
-        fresh, quantum, steps = self.fresh, self.options.min_resident_steps, self.steps_run
-        resident = [r for r in state.running.values() if r.request_id not in fresh
-                    and steps.get(r.request_id, 0) >= quantum]
+        # An upload not yet run has run 0 steps, so the quantum (>= 1) also keeps it.
+        quantum, steps = self.options.min_resident_steps, self.steps_run
+        resident = [r for r in state.running.values() if steps.get(r.request_id, 0) >= quantum]
         for req in resident[:self.options.max_swaps_per_step]:
             if not state.swap_out(req, output):
                 return
