@@ -11,14 +11,16 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class KVLayout(_message.Message):
-    __slots__ = ("num_host_blocks", "host_block_bytes", "int8")
+    __slots__ = ("num_host_blocks", "host_block_bytes", "int8", "copies_overlap")
     NUM_HOST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     HOST_BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
     INT8_FIELD_NUMBER: _ClassVar[int]
+    COPIES_OVERLAP_FIELD_NUMBER: _ClassVar[int]
     num_host_blocks: int
     host_block_bytes: int
     int8: bool
-    def __init__(self, num_host_blocks: _Optional[int] = ..., host_block_bytes: _Optional[int] = ..., int8: _Optional[bool] = ...) -> None: ...
+    copies_overlap: bool
+    def __init__(self, num_host_blocks: _Optional[int] = ..., host_block_bytes: _Optional[int] = ..., int8: _Optional[bool] = ..., copies_overlap: _Optional[bool] = ...) -> None: ...
 
 class SwapOutRequest(_message.Message):
     __slots__ = ("request_id", "device_blocks", "num_tokens")

@@ -71,6 +71,7 @@ class KVManagerClient(KVManager):
         layout = self._call(self._stub.Describe, pb.DescribeRequest(), connect_timeout_s,
                             wait_for_ready=True)
         self._num_host_blocks, self._block_bytes = layout.num_host_blocks, layout.host_block_bytes
+        self._copies_overlap = layout.copies_overlap
         if reset:
             self._call(self._stub.Reset, pb.ResetRequest())
 
@@ -84,6 +85,10 @@ class KVManagerClient(KVManager):
     @property
     def host_block_bytes(self) -> int:
         return self._block_bytes
+
+    @property
+    def copies_overlap(self) -> bool:
+        return self._copies_overlap
 
     def num_free_host_blocks(self) -> int:
         return self.stats().num_free_host_blocks

@@ -40,6 +40,11 @@ class Copier:
         self._pin = pin
         self._local = threading.local()
 
+    @property
+    def on_side_stream(self) -> bool:
+        """Copies run on a CUDA side stream (beside the compute); on a CPU they share its cores."""
+        return self._stream is not None
+
     def submit(self, fn: Callable[[], None], after: Future | None = None) -> Future:
         """Run ``fn`` once ``after`` (an earlier copy of the same blocks) has finished; if
         that one failed, this one fails with its error: the data it needs never arrived."""

@@ -71,6 +71,10 @@ class InProcessKVManager(KVManager):
     def host_block_bytes(self) -> int:
         return self.pool.block_bytes
 
+    @property
+    def copies_overlap(self) -> bool:
+        return self.copier.on_side_stream
+
     def num_free_host_blocks(self) -> int:
         self._enter()
         return self.pool.num_free

@@ -66,6 +66,13 @@ class KVManager(ABC):
     @abstractmethod
     def num_free_host_blocks(self) -> int: ...
 
+    @property
+    def copies_overlap(self) -> bool:
+        """Whether a copy runs beside the iteration without slowing it, as on a GPU's copy
+        engine. On a CPU executor the copy's thread takes a core the iteration's matrix products
+        need, so a scheduler gains nothing by starting a copy an iteration early."""
+        return True
+
     def can_hold(self, num_blocks: int) -> bool:
         return num_blocks <= self.num_free_host_blocks()
 

@@ -63,7 +63,8 @@ class KVManagerServicer(kvmanager_pb2_grpc.KVManagerServiceServicer):
     async def Describe(self, request, context):
         core = self.core
         return pb.KVLayout(num_host_blocks=core.num_host_blocks,
-                           host_block_bytes=core.host_block_bytes, int8=core.config.int8)
+                           host_block_bytes=core.host_block_bytes, int8=core.config.int8,
+                           copies_overlap=core.copies_overlap)
 
     async def GetStats(self, request, context):
         return wire.stats_to_proto(await self._run(context, self.core.stats))

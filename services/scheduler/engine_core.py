@@ -55,7 +55,8 @@ class EngineCore:
         self.model_info = executor.model_info()
         self.kv_manager = kv_manager
         host_blocks = kv_manager.num_host_blocks if kv_manager is not None else 0
-        self.scheduler = Scheduler(scheduler_config, num_host_blocks=host_blocks)
+        self.scheduler = Scheduler(scheduler_config, num_host_blocks=host_blocks,
+                                   copies_overlap=kv_manager is None or kv_manager.copies_overlap)
         self.predictions = predictions
         self.clock = clock
         self.check_integrity = check_integrity

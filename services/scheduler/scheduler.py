@@ -43,13 +43,13 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, policy: Policy | None = None, *,
-                 num_host_blocks: int = 0):
+                 num_host_blocks: int = 0, copies_overlap: bool = True):
         if policy is None:
             from services.scheduler.policies import make_policy
             policy = make_policy(config.policy, config, list(config.policy_config))
         self.config = config
         self.policy = policy
-        self.state = SchedulerState(config, num_host_blocks)
+        self.state = SchedulerState(config, num_host_blocks, copies_overlap)
         # Block tables the executor holds: request id -> (table epoch, blocks sent).
         self._sent: dict[str, tuple[int, int]] = {}
         self._forget: list[str] = []

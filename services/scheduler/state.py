@@ -19,7 +19,8 @@ class SchedulerState:
     set (admission order), device block accounting, free host blocks, and the iteration's
     budget (the policy may change it, e.g. FluidInfer lifts the batch size)."""
 
-    def __init__(self, config: SchedulerConfig, num_host_blocks: int = 0):
+    def __init__(self, config: SchedulerConfig, num_host_blocks: int = 0,
+                 copies_overlap: bool = True):
         self.config = config
         self.block_manager = BlockManager(config.num_gpu_blocks, config.block_size)
         self.requests: dict[str, Request] = {}     # unfinished requests only
@@ -29,6 +30,9 @@ class SchedulerState:
         # Free blocks of the host KV tier, as last reported by the KV manager (0: no tier).
         self.num_host_blocks = num_host_blocks
         self.num_free_host_blocks = num_host_blocks
+        # Whether the KV manager's copies run beside the iteration (a GPU's copy engine) or
+        # take cores it needs (a CPU executor).
+        self.copies_overlap = copies_overlap
         # Host blocks of swap-ins still being copied: free again after the iteration, as the
         # KV manager frees them only once the copy is done.
         self.num_pending_host_blocks = 0

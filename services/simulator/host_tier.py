@@ -35,6 +35,9 @@ class HostLink:
     in_bytes_per_s: float       # host -> device
     latency_s: float            # per copy (one request's blocks)
     source: str                 # where the figures come from, estimates named as such
+    # Copies run beside the iteration (a GPU's copy engines); False for a CPU executor, whose
+    # copies take the cores its iterations use (what the real KV manager reports there).
+    overlaps_compute: bool = True
 
     def __post_init__(self):
         if not (self.out_bytes_per_s > 0 and self.in_bytes_per_s > 0 and self.latency_s >= 0):
@@ -85,6 +88,10 @@ class SimKVManager(KVManager):
     @property
     def num_host_blocks(self) -> int:
         return self._num_blocks
+
+    @property
+    def copies_overlap(self) -> bool:
+        return self.link.overlaps_compute
 
     def num_free_host_blocks(self) -> int:
         self._reap()

@@ -63,7 +63,8 @@ class Profile:
         in_lat, in_bw = _fit_copy(sizes, [statistics.median(p.in_s) for p in self.swap])
         date = (self.meta or {}).get("swap_date") or (self.meta or {}).get("date", "undated")
         return HostLink(out_bw, in_bw, (out_lat + in_lat) / 2,
-                        f"measured through the executor on {self.device}, {date}")
+                        f"measured through the executor on {self.device}, {date}",
+                        overlaps_compute=self.device != "cpu")
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "model": self.shape.as_dict(),

@@ -80,6 +80,22 @@ def test_the_serving_core_swapping_through_the_service_keeps_every_token(monkeyp
     assert stats.bytes_swapped_in > 0 and stats.num_swapped_requests == 0
 
 
+def test_the_scheduler_learns_whether_copies_run_beside_the_compute():
+    # On a CPU the copier's thread shares the executor's cores: the layout says so, through
+    # the service as in process, and the serving core hands it to the policy.
+    stack = KVManagerStack(fake_executor(), KVManagerConfig(HOST_GIB))
+    try:
+        assert stack.client.copies_overlap is False
+        config = EngineConfig(model="fake", policy="fluidinfer", max_model_len=64)
+        engine = EngineCore(scheduler_config(config, stack.mover), stack.mover,
+                            kv_manager=stack.client)
+        assert engine.scheduler.state.copies_overlap is False
+    finally:
+        stack.stop()
+    engine = EngineCore(scheduler_config(config, fake_executor()), fake_executor())
+    assert engine.scheduler.state.copies_overlap        # no host tier: nothing to hold back
+
+
 def test_malformed_bytes_are_invalid_argument_without_a_traceback(caplog):
     stack = KVManagerStack(fake_executor(), KVManagerConfig(HOST_GIB))
     caplog.set_level(logging.DEBUG)

@@ -15,11 +15,13 @@ def make_request(rid: str, prompt_len: int, max_tokens: int = 8, **kw) -> Reques
     return Request(rid, [1] * prompt_len, params, arrival_time=0.0, eos_token_id=2, **kw)
 
 
-def make_scheduler(policy: str = "vllm", num_host_blocks: int = 0, **overrides) -> Scheduler:
+def make_scheduler(policy: str = "vllm", num_host_blocks: int = 0, copies_overlap: bool = True,
+                   **overrides) -> Scheduler:
     fields = {"num_gpu_blocks": 64, "block_size": 4, "max_model_len": 128,
               "max_num_batched_tokens": 64, "max_num_seqs": 16, "policy": policy}
     fields.update(overrides)
-    return Scheduler(SchedulerConfig(**fields), num_host_blocks=num_host_blocks)
+    return Scheduler(SchedulerConfig(**fields), num_host_blocks=num_host_blocks,
+                     copies_overlap=copies_overlap)
 
 
 def add(scheduler: Scheduler, *requests: Request) -> list[Request]:

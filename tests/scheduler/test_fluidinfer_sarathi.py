@@ -83,6 +83,43 @@ def test_fluidinfer_runs_an_upload_in_the_next_iteration_and_never_offloads_it_u
     assert uploads > 0 and all(r.num_output_tokens == 12 for r in reqs)
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_fluidinfer_uploads_ahead_only_where_copies_run_beside_the_compute(overlap):
+    # "auto" (the default) follows the KV manager: a GPU's copy engine runs the upload beside
+    # an iteration, so the upload joins the next one; on a CPU the copy takes the iteration's
+    # cores, so the upload is waited for and runs at once.
+    s = make_scheduler("fluidinfer", num_host_blocks=32, num_gpu_blocks=8, max_model_len=32,
+                       copies_overlap=overlap, policy_config=("max_swaps_per_step=2",))
+    reqs = add(s, *(make_request(f"r{i}", 4, 12) for i in range(6)))
+    outs = drain(s)
+    uploads = [(i, rid) for i, o in enumerate(outs) for rid, _ in o.swapped_in]
+    assert uploads and all(r.num_output_tokens == 12 for r in reqs)
+    assert all((rid in scheduled(outs[i])) is not overlap for i, rid in uploads)
+
+
+def residents_and_upload(quantum: int):
+    """16 blocks of 4. After a prefill, four residents hold 2 blocks with 6 tokens (their
+    3rd block is needed after 3 more iterations) and one holds 2 blocks with 9 tokens (its
+    3rd is needed at once): 6 blocks free. A swapped request of 7 computed tokens needs 2."""
+    s = make_scheduler("fluidinfer", num_host_blocks=32, num_gpu_blocks=16, max_model_len=32,
+                       policy_config=(f"min_resident_steps={quantum}",))
+    add(s, *(make_request(f"r{i}", 5, 20) for i in range(4)), make_request("long", 8, 20))
+    step(s)
+    assert s.block_manager.num_free_blocks == 6
+    upload = make_request("s", 7, 4)
+    upload.num_computed_tokens = 7
+    return s, upload
+
+
+def test_an_upload_leaves_room_for_the_residents_growth_over_its_quantum_only():
+    # Over a quantum of 3 only "long" grows: 2 + 1 <= 6, the upload fits. A block kept for
+    # every resident (2 + 5) would refuse it, as does a quantum of 4 (every resident grows).
+    s, upload = residents_and_upload(3)
+    assert s.policy._fits_with_headroom(s.state, upload)
+    s, upload = residents_and_upload(4)
+    assert not s.policy._fits_with_headroom(s.state, upload)
+
+
 def cycle_with_quantum(quantum: int):
     """Drain a host-tier workload; returns the outputs and, for every request the policy
     offloaded to make room for an upload, how many iterations it had run since it entered
@@ -142,6 +179,7 @@ def test_sarathi_evicts_a_prefilling_request_before_a_decode():
                                            ("fluidinfer", "min_resident_steps=0"),
                                            ("fluidinfer", "wave_kv_blocks=1000"),
                                            ("fluidinfer", "wave_kv_blocks=-1"),
+                                           ("fluidinfer", "upload_ahead=sometimes"),
                                            ("sarathi", "no_such_key=1"),
                                            ("sarathi", "token_budget=-1")])
 def test_bad_options_are_refused(policy, option):

@@ -105,6 +105,7 @@ def test_int8_holds_more_blocks_in_the_same_memory():
 def test_the_roofline_link_is_an_estimate_per_hardware():
     a100, h100 = host_link(hardware("a100-80g")), host_link(hardware("h100"))
     assert "ESTIMATE" in a100.source
+    assert a100.overlaps_compute and h100.overlaps_compute     # copy engines beside the SMs
     assert h100.out_bytes_per_s == pytest.approx(2 * a100.out_bytes_per_s)
     assert any("host link" in note for note in from_roofline("a100-80g", "llama-2-7b").notes)
 
@@ -172,6 +173,11 @@ def test_profile_swap_points_round_trip_and_fit_latency_and_bandwidth():
     assert fitted.out_bytes_per_s == pytest.approx(1e9)
     assert fitted.in_bytes_per_s == pytest.approx(2e9)
     assert fitted.latency_s == pytest.approx(50e-6)
+    # Measured on a CPU: its copies take the cores the iterations use, and the simulated
+    # tier says so to the scheduler, as the real KV manager does there.
+    assert not fitted.overlaps_compute
+    gpu = dataclasses.replace(_profile(swap), device="cuda").host_link()
+    assert gpu.overlaps_compute
     assert _profile(()).host_link() is None
     data = _profile(swap).to_json()
     data["swap"][0]["out_s"] = [-1.0]

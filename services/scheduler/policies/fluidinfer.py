@@ -9,7 +9,8 @@ With a host KV tier (``state.num_host_blocks > 0``) the resident set cycles like
 swap pipeline: a wave's worth of the longest-resident decodes is offloaded while swapped
 requests are uploaded as blocks free (a swap-out's blocks come back after its copy, so an
 offload this iteration makes room for an upload the next). The wave bound is then half the
-device pool, one half computing while the other is refilled. Uploads are issued one
+device pool, one half computing while the other is refilled. Where the KV manager's copies
+run beside the compute (a GPU's copy engine; ``state.copies_overlap``), uploads are issued one
 iteration ahead (``upload_ahead``, the report's proactive pipeline): an uploaded request sits
 out the iteration that starts its copy, which the engine then runs beside the copy instead of
 waiting for it, and joins the next; it is not offloaded again before it has run. Measured on
@@ -18,7 +19,9 @@ overload by 14-23% over waiting for each upload. It can lose where the link, not
 the bottleneck and an iteration costs the same however few requests it runs: a request that
 sits out an iteration stays resident longer and the set cycles more blocks (30 requests on a
 24-block pool, a 4 ms/block link and a constant 10 ms iteration: 35% more blocks uploaded,
-the run 24% longer), hence the option.
+the run 24% longer), hence the option. On a CPU executor the copy's thread takes a core the
+iteration's matrix products need, so nothing overlaps and the upload would only lose its
+turn: ``auto`` (the default) waits for it there and runs it at once.
 
 A resident is offloaded for an upload only once it has run ``min_resident_steps`` iterations
 since it entered the device. The report's pipeline swaps every wave every iteration, which pays
@@ -30,6 +33,8 @@ vLLM's 6.3 and output throughput fell to 0.6x vLLM's. The quantum trades the lat
 swapped request waits longer for its turn) for fuller iterations; measured there, with the
 simulator's profile of that engine: 1 step 48 tok/s and a P99 token gap of 0.79 s, 8 steps
 67 tok/s and 1.08 s, 16 steps 71 tok/s and 1.81 s (vLLM: 70 tok/s and 9.5 s).
+An upload leaves free only the blocks the residents fill over its quantum, not a block for
+each of them (KV kept free is KV nobody computes with).
 Without a host tier nothing is swapped and a request that cannot grow preempts by recompute,
 as in vLLM.
 """
@@ -47,13 +52,18 @@ from services.scheduler.request import Request, RequestStatus
 from services.scheduler.state import SchedulerState
 
 _RUNNING = RequestStatus.RUNNING
+_AHEAD = {"auto": None, "true": True, "false": False}
 
 
 @dataclass(frozen=True)
 class FluidInferConfig(PolicyConfig):
     wave_kv_blocks: int = 0         # device KV per attention wave; 0: pool (half with a host tier)
     max_swaps_per_step: int = 4     # requests offloaded (and uploaded) per iteration
-    upload_ahead: bool = True       # an upload joins the iteration after the one copying it
+    # An upload joins the iteration after the one copying it: "true", "false", or "auto",
+    # which uploads ahead only where the KV manager's copies run beside the compute (a GPU's
+    # copy engine); on a CPU executor the copy takes the iteration's cores, and the upload
+    # only loses its turn.
+    upload_ahead: str = "auto"
     # A resident is offloaded for a swapped request only after running this many iterations
     # since it was admitted or uploaded (its quantum). 1 rotates the set as fast as the swap
     # budget allows, so that a small device pool spends most iterations with half its
@@ -71,6 +81,9 @@ class FluidInferPolicy(FcfsPolicy):
         if o.wave_kv_blocks < 0 or o.max_swaps_per_step < 0 or o.min_resident_steps < 1:
             raise ValueError("fluidinfer: wave_kv_blocks and max_swaps_per_step must be >= 0, "
                              "min_resident_steps >= 1")
+        if str(o.upload_ahead).lower() not in _AHEAD:
+            raise ValueError(f"fluidinfer: upload_ahead must be one of {', '.join(_AHEAD)}, "
+                             f"got {o.upload_ahead!r}")
         if o.wave_kv_blocks > config.num_gpu_blocks:
             raise ValueError(f"fluidinfer: wave_kv_blocks {o.wave_kv_blocks} exceeds the "
                              f"{config.num_gpu_blocks}-block device pool")
@@ -120,10 +133,17 @@ class FluidInferPolicy(FcfsPolicy):
             self.fresh.add(self.swapped.popleft().request_id)
 
     def _fits_with_headroom(self, state: SchedulerState, req: Request) -> bool:
-        # An upload must leave each resident request room for its next block, else it is
-        # evicted again before it runs and the two sets trade places forever.
-        need = self.config.blocks_for(req.num_computed_tokens + 1)
-        return need + len(state.running) <= state.block_manager.num_free_blocks
+        # An upload must leave the residents room to grow, else one is evicted before the
+        # upload has run and the two sets trade places. Room for the blocks they fill over
+        # the upload's quantum (its iterations before it may be offloaded again), not a block
+        # for each: a resident part-way through its last block needs none, and a block kept
+        # free for it is KV that no request computes with.
+        bm, steps = state.block_manager, self.options.min_resident_steps
+        blocks_for = self.config.blocks_for
+        need = blocks_for(req.num_computed_tokens + 1)
+        grow = sum(max(0, blocks_for(r.num_tokens + steps - 1) - bm.num_blocks_of(r.request_id))
+                   for r in state.running.values())
+        return need + grow <= bm.num_free_blocks
 
     def _offload(self, state: SchedulerState, output: SchedulerOutput) -> None:
         # An upload not yet run has run 0 steps, so the quantum (>= 1) also keeps it.
@@ -138,7 +158,7 @@ class FluidInferPolicy(FcfsPolicy):
     def _schedule_running(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
         allocate = state.block_manager.allocate_slots
         # Requests uploaded this iteration run in the next one: their copies overlap this one.
-        ahead = {rid for rid, _ in output.swapped_in} if self.options.upload_ahead else ()
+        ahead = {rid for rid, _ in output.swapped_in} if self._upload_ahead(state) else ()
         for req in list(state.running.values()):
             if tokens <= 0:
                 break
@@ -152,6 +172,10 @@ class FluidInferPolicy(FcfsPolicy):
                 self.steps_run[req.request_id] = self.steps_run.get(req.request_id, 0) + 1
                 tokens -= n
         return tokens
+
+    def _upload_ahead(self, state: SchedulerState) -> bool:
+        choice = _AHEAD[str(self.options.upload_ahead).lower()]
+        return state.copies_overlap if choice is None else choice
 
     def _make_room(self, state: SchedulerState, output: SchedulerOutput, req: Request,
                    n: int) -> bool:
