@@ -70,10 +70,13 @@ def test_a_full_host_tier_falls_back_to_recompute(monkeypatch):
 def test_uploads_ahead_copy_beside_the_iteration_and_a_failed_one_ends_its_request(monkeypatch):
     """fluidinfer uploads a request one iteration before running it: the engine runs that
     iteration beside the copy and waits for it after, never running a request whose upload
-    has not landed; an upload that fails ends its request with the reason, and nothing else."""
+    has not landed; an upload that fails ends its request with the reason, and nothing else.
+    Forced on: this KV manager copies on the CPU, where ``auto`` waits for uploads instead."""
     reference, _ = run("vllm", 0)
     engine = make_engine("fluidinfer", num_gpu_blocks=20, max_model_len=64,
-                         max_num_batched_tokens=24, max_num_seqs=6, swap_space_gib=SMALL_HOST_GIB)
+                         max_num_batched_tokens=24, max_num_seqs=6, swap_space_gib=SMALL_HOST_GIB,
+                         policy_config=("upload_ahead=true",))
+    assert not engine.scheduler.state.copies_overlap
     events, in_flight, doomed = [], set(), []
     kv, executor = engine.kv_manager, engine.executor
     real_swap_in, real_execute = kv.swap_in, executor.execute

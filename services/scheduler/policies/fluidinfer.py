@@ -157,7 +157,8 @@ class FluidInferPolicy(FcfsPolicy):
 
     def _schedule_running(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
         allocate = state.block_manager.allocate_slots
-        # Requests uploaded this iteration run in the next one: their copies overlap this one.
+        # Where copies overlap the compute, requests uploaded this iteration run in the next
+        # one and their copies run beside this one.
         ahead = {rid for rid, _ in output.swapped_in} if self._upload_ahead(state) else ()
         for req in list(state.running.values()):
             if tokens <= 0:
