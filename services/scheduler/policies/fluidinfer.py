@@ -84,6 +84,8 @@ class FluidInferPolicy(FcfsPolicy):
         if str(o.upload_ahead).lower() not in _AHEAD:
             raise ValueError(f"fluidinfer: upload_ahead must be one of {', '.join(_AHEAD)}, "
                              f"got {o.upload_ahead!r}")
+        # None: follow the KV manager (``state.copies_overlap``).
+        self._ahead: bool | None = _AHEAD[str(o.upload_ahead).lower()]
         if o.wave_kv_blocks > config.num_gpu_blocks:
             raise ValueError(f"fluidinfer: wave_kv_blocks {o.wave_kv_blocks} exceeds the "
                              f"{config.num_gpu_blocks}-block device pool")
@@ -159,7 +161,8 @@ class FluidInferPolicy(FcfsPolicy):
         allocate = state.block_manager.allocate_slots
         # Where copies overlap the compute, requests uploaded this iteration run in the next
         # one and their copies run beside this one.
-        ahead = {rid for rid, _ in output.swapped_in} if self._upload_ahead(state) else ()
+        upload_ahead = state.copies_overlap if self._ahead is None else self._ahead
+        ahead = {rid for rid, _ in output.swapped_in} if upload_ahead else ()
         for req in list(state.running.values()):
             if tokens <= 0:
                 break
@@ -173,10 +176,6 @@ class FluidInferPolicy(FcfsPolicy):
                 self.steps_run[req.request_id] = self.steps_run.get(req.request_id, 0) + 1
                 tokens -= n
         return tokens
-
-    def _upload_ahead(self, state: SchedulerState) -> bool:
-        choice = _AHEAD[str(self.options.upload_ahead).lower()]
-        return state.copies_overlap if choice is None else choice
 
     def _make_room(self, state: SchedulerState, output: SchedulerOutput, req: Request,
                    n: int) -> bool:
