@@ -14,6 +14,7 @@ from lenserve.client import AsyncClient, Client
 from lenserve.engine.llm_engine import EngineConfig, LLMEngine
 from lenserve_contract.errors import InvalidRequestError
 from lenserve_contract.sampling_params import SamplingParams
+from services.executor.fake import FakeExecutor
 from services.scheduler.async_engine import AsyncEngine
 from services.scheduler.scheduler import SchedulerStats
 from services.scheduler.servicer import SERVICE_NAME, build_server, mark_serving
@@ -141,8 +142,17 @@ async def test_health_and_malformed_bytes(served):
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_deadline_aborts_the_request(served):
+async def test_deadline_aborts_the_request(served, monkeypatch):
     engine, target = served
+    # The fake model is instant: 120 of its iterations can finish inside the deadline on a
+    # fast machine. A millisecond per iteration keeps the request running past it.
+    real_execute = FakeExecutor.execute
+
+    def slow_execute(self, batch):
+        time.sleep(0.001)
+        return real_execute(self, batch)
+
+    monkeypatch.setattr(FakeExecutor, "execute", slow_execute)
     async with AsyncClient(target) as client:
         stream = client.generate("slow", SamplingParams(max_tokens=120, ignore_eos=True),
                                  timeout_s=0.01)
