@@ -3,10 +3,11 @@
     python scripts/holdout_seed.py --dataset-path sharegpt_v3_first_turn.jsonl.gz \
         --num-prompts 60 --seed 0 --max-model-len 256 --model opt-125m --out DIR
 
-Picks the prompts ``lenserve bench`` samples with the same ``--dataset-path``,
-``--num-prompts``, ``--seed`` and ``--max-model-len`` (ShareGPT first turns, one JSON record per
-line), and writes two files of the remaining records, in the same format, for
-``lenserve predictor build --dataset-name sharegpt``:
+Picks the prompts ``lenserve bench`` samples with the same ``--dataset-name``,
+``--dataset-path``, ``--num-prompts``, ``--seed`` and ``--max-model-len`` (ShareGPT first turns
+or Alpaca records), and writes two files of the remaining records, one ``{"prompt", "response"}``
+JSON record per line whatever the dataset, for ``lenserve predictor build --dataset-name
+sharegpt``:
 
 * ``DIR/others.jsonl.gz``: every record whose prompt is not one of the benchmark's;
 * ``DIR/others_fit.jsonl.gz``: those of them whose prompt and reply fit ``--max-model-len``
@@ -30,6 +31,7 @@ from services.executor.factory import load_tokenizer
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset-name", choices=("sharegpt", "alpaca"), default="sharegpt")
     p.add_argument("--dataset-path", required=True)
     p.add_argument("--num-prompts", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
@@ -41,12 +43,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(args.model)
     tokenizer.save_pretrained(out / "tokenizer")
-    chosen = sample_requests(load_samples("sharegpt", args.dataset_path),
-                             SampleConfig(num_prompts=args.num_prompts, seed=args.seed,
-                                          max_total_len=args.max_model_len), tokenizer)
+    samples = load_samples(args.dataset_name, args.dataset_path)
+    chosen = sample_requests(samples, SampleConfig(num_prompts=args.num_prompts, seed=args.seed,
+                                                   max_total_len=args.max_model_len), tokenizer)
     held_out = {sample.prompt for _, sample in chosen}
-    with gzip.open(args.dataset_path, "rt", encoding="utf-8") as f:
-        records = [r for r in map(json.loads, f) if r.get("prompt") not in held_out]
+    records = [{"prompt": s.prompt, "response": s.reference}
+               for s in samples if s.prompt not in held_out]
     prompts = tokenizer([r["prompt"] for r in records], add_special_tokens=False)["input_ids"]
     replies = tokenizer([r["response"] for r in records], add_special_tokens=False)["input_ids"]
     fit = [r for r, a, b in zip(records, prompts, replies)

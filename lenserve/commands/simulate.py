@@ -98,7 +98,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     # (given back at the end, so that a caller's process collects it as before).
     gc.freeze()
     try:
-        text = _prompt_text(tokenizer) if args.predictor not in ("none", "oracle") else None
+        text = _prompt_text(tokenizer) if args.predictor != "none" \
+            and args.predictor.split(":")[0] != "oracle" else None
         print("\n".join(target.notes), file=sys.stderr)
         runs = []
         for name, policy in specs:

@@ -18,7 +18,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, policy: bool = False) ->
                    help="output-length predictor: none, embedded (in-process, seeded from a "
                         "bundled ShareGPT sample), embedded:DIR (in-process, from a copy of the "
                         "DB `lenserve predictor build --qdrant-path DIR` wrote), oracle (the "
-                        "true length), grpc://HOST:PORT")
+                        "true length), oracle:SIGMA[:SEED] (the true length times "
+                        "exp(N(0, SIGMA)), seeded), grpc://HOST:PORT")
     p.add_argument("--predictor-seed", metavar="FILE",
                    help="JSON lines of {\"prompt\", \"output_len\"} to seed the embedded predictor")
     if not any(a.dest == "num_gpu_blocks" for a in p._actions):

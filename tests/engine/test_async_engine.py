@@ -1,8 +1,10 @@
 import asyncio
+import time
 
 import pytest
 from engine_helpers import make_engine, run_to_completion
 
+from services.executor.fake import FakeExecutor
 from services.scheduler.async_engine import AsyncEngine
 from lenserve_contract.sampling_params import InvalidRequestError, SamplingParams
 
@@ -64,7 +66,17 @@ async def test_closing_the_stream_early_aborts_the_request(engine):
     assert stats.num_running == 0 and stats.num_free_blocks == 32
 
 
-async def test_event_loop_stays_responsive_while_generating(engine):
+async def test_event_loop_stays_responsive_while_generating(engine, monkeypatch):
+    # The fake model is instant: on a fast machine the engine thread can run all 60
+    # iterations before the loop wakes twice. A millisecond per iteration gives the loop
+    # 60 ms to show it is not blocked.
+    real_execute = FakeExecutor.execute
+
+    def slow_execute(self, batch):
+        time.sleep(0.001)
+        return real_execute(self, batch)
+
+    monkeypatch.setattr(FakeExecutor, "execute", slow_execute)
     ticks = 0
 
     async def ticker():

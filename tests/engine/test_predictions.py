@@ -136,3 +136,44 @@ def test_oracle_from_the_engine_config_and_no_prediction_for_given_lengths():
     outs = run_to_completion(engine)
     assert outs["asked"].metrics.prediction_source == "oracle"
     assert outs["given"].metrics.prediction_source is None   # given at add_request, not asked
+
+
+def test_noisy_oracle_errs_by_the_size_asked_and_the_same_way_every_run():
+    import math
+    import statistics
+
+    import pytest
+
+    from services.predictor.interface import PredictQuery
+    from services.predictor.local import make_predictor
+
+    queries = [PredictQuery(prompt="", max_tokens=4096, true_output_len=100 + i)
+               for i in range(400)]
+    exact = make_predictor("oracle:0", "fake").predict(queries, "fake")
+    assert [p.length for p in exact] == [q.true_output_len for q in queries]
+    noisy = make_predictor("oracle:0.6", "fake").predict(queries, "fake")
+    again = make_predictor("oracle:0.6", "fake").predict(queries, "fake")
+    assert [p.length for p in noisy] == [p.length for p in again]       # seeded
+    other = make_predictor("oracle:0.6:1", "fake").predict(queries, "fake")
+    assert [p.length for p in other] != [p.length for p in noisy]
+    logs = [math.log(p.length / q.true_output_len) for p, q in zip(noisy, queries)]
+    assert 0.5 < statistics.stdev(logs) < 0.7 and abs(statistics.mean(logs)) < 0.1
+    # Without a true length there is nothing to perturb: max_tokens, as the exact oracle.
+    [blind] = make_predictor("oracle:0.6", "fake").predict(
+        [PredictQuery(prompt="", max_tokens=7)], "fake")
+    assert blind.length == 7
+    for bad in ("oracle:-1", "oracle:nan", "oracle:x", "oracle:0.5:y"):
+        with pytest.raises(ValueError, match="oracle:SIGMA"):
+            make_predictor(bad, "fake")
+
+
+def test_a_policy_ranks_by_the_noisy_oracle_from_the_engine_config():
+    engine = make_engine(predictor="oracle:1.0", policy="alise")
+    for i in range(8):
+        engine.add_request(str(i), prompt="p", true_output_len=20,
+                           sampling_params=SamplingParams(max_tokens=20, ignore_eos=True))
+    outs = run_to_completion(engine)
+    predicted = {o.metrics.predicted_output_len for o in outs.values()}
+    assert len(predicted) > 1 and predicted != {20}         # errors, not the true length
+    assert all(o.metrics.prediction_source == "oracle" for o in outs.values())
+    assert all(len(o.outputs[0].token_ids) == 20 for o in outs.values())
