@@ -77,8 +77,8 @@ def main() -> int:
             name = args.policy + "_" + spec.replace(":", "_").replace("/", "_")
             results.append(load(simulate(args.out, name, args.policy, spec, flags)))
         stats = [s for _, st in results for s in st]
-        cells = [span([float(np.median([s["median_abs_rel_error"] for s in stats]))]),
-                 span([float(np.median([s["spearman"] for s in stats]))])]
+        cells = [f"{np.median([s[key] for s in stats]):.2f}"
+                 for key in ("median_abs_rel_error", "spearman")]
         for slo in args.slo:
             mine = [sustained_rate(points, slo) for points, _ in results]
             # "<" or ">=": the SLO was crossed below or above the rates run.

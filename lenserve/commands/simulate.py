@@ -26,6 +26,7 @@ from lenserve.commands.bench import (
 )
 from lenserve.commands.engine_args import add_engine_arguments
 from lenserve.workloads import load_samples
+from services.predictor.local import reads_prompts
 from services.scheduler.policies import POLICIES
 from services.simulator.roofline import HARDWARE
 from services.simulator.shapes import MODEL_SHAPES
@@ -98,8 +99,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     # (given back at the end, so that a caller's process collects it as before).
     gc.freeze()
     try:
-        text = _prompt_text(tokenizer) if args.predictor != "none" \
-            and args.predictor.split(":")[0] != "oracle" else None
+        text = _prompt_text(tokenizer) if reads_prompts(args.predictor) else None
         print("\n".join(target.notes), file=sys.stderr)
         runs = []
         for name, policy in specs:

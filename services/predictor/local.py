@@ -64,11 +64,10 @@ class NoisyOraclePredictor(OraclePredictor):
     def predict(self, queries: Sequence[PredictQuery], model: str) -> list[Prediction]:
         out = []
         for q in queries:
-            exact = _oracle(q)
-            if q.true_output_len is None:
-                out.append(exact)
+            if q.true_output_len is None:       # nothing to perturb: max_tokens, as oracle
+                out.append(_oracle(q))
                 continue
-            n = max(1, round(exact.length * math.exp(self._rng.gauss(0.0, self.sigma))))
+            n = max(1, round(q.true_output_len * math.exp(self._rng.gauss(0.0, self.sigma))))
             out.append(Prediction(n, Source.ORACLE, 1.0, n))
         return out
 
@@ -259,6 +258,12 @@ def _train_mlp(core, model: str) -> None:
         core.retrain(model)
     except ValueError as exc:   # too few records: retrieval and defaults serve
         log.info("no MLP for the seed: %s", exc)
+
+
+def reads_prompts(spec: str) -> bool:
+    """Whether the predictor ``spec`` names reads prompt text and learns from finished
+    requests (the oracles read only the true length; ``none`` reads nothing)."""
+    return spec not in ("", "none") and spec.split(":")[0] != "oracle"
 
 
 def make_predictor(spec: str, model: str, seed_path: str | None = None, progress=None

@@ -57,8 +57,8 @@ class LenserveBackend(Backend):
     def learns_from_requests(self) -> bool:
         # A real predictor (embedded, or a service) reads each prompt's text and observes
         # every finished request.
-        spec = self._predictor()
-        return spec != "none" and spec.split(":")[0] != "oracle"
+        from services.predictor.local import reads_prompts
+        return reads_prompts(self._predictor())
 
     def submit(self, request: BenchRequest, arrival_time: float) -> None:
         key = self.unique_key(request)
