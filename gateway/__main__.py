@@ -12,7 +12,8 @@ from gateway.config import add_gateway_arguments, gateway_config
 
 class LazySchedulerClient:
     """The gRPC scheduler client, made on first use: a ``grpc.aio`` channel belongs to the
-    event loop it was made in, which is uvicorn's, not this module's."""
+    event loop it was made in, which is uvicorn's, not this module's. It multiplexes: all the
+    gateway's requests share one stream, one message per iteration."""
 
     def __init__(self, target: str):
         self.target = target
@@ -21,7 +22,7 @@ class LazySchedulerClient:
     def _get(self):
         if self._client is None:
             from services.scheduler.client import AsyncClient
-            self._client = AsyncClient(self.target)
+            self._client = AsyncClient(self.target, multiplex=True)
         return self._client
 
     def generate(self, *args, **kwargs):

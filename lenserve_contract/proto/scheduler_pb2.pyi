@@ -1,7 +1,9 @@
 from lenserve_contract.proto import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -60,3 +62,27 @@ class SchedulerStats(_message.Message):
     num_kafka_buffered: int
     num_kafka_dropped: int
     def __init__(self, policy: _Optional[str] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_preempted: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_iterations: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_swapped: _Optional[int] = ..., num_free_host_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_predictions: _Optional[int] = ..., num_completions_reported: _Optional[int] = ..., num_completions_dropped: _Optional[int] = ..., num_kafka_published: _Optional[int] = ..., num_kafka_buffered: _Optional[int] = ..., num_kafka_dropped: _Optional[int] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("subscriber_id",)
+    SUBSCRIBER_ID_FIELD_NUMBER: _ClassVar[int]
+    subscriber_id: str
+    def __init__(self, subscriber_id: _Optional[str] = ...) -> None: ...
+
+class StepChunks(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.TokenChunk, _Mapping]]] = ...) -> None: ...
+
+class SubmitRequest(_message.Message):
+    __slots__ = ("subscriber_id", "request")
+    SUBSCRIBER_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    subscriber_id: str
+    request: _common_pb2.Request
+    def __init__(self, subscriber_id: _Optional[str] = ..., request: _Optional[_Union[_common_pb2.Request, _Mapping]] = ...) -> None: ...
+
+class SubmitResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

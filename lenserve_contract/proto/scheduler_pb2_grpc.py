@@ -40,6 +40,16 @@ class SchedulerServiceStub:
                 request_serializer=lenserve__contract_dot_proto_dot_common__pb2.Request.SerializeToString,
                 response_deserializer=lenserve__contract_dot_proto_dot_common__pb2.TokenChunk.FromString,
                 _registered_method=True)
+        self.Subscribe = channel.unary_stream(
+                '/lenserve.proto.SchedulerService/Subscribe',
+                request_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.StepChunks.FromString,
+                _registered_method=True)
+        self.Submit = channel.unary_unary(
+                '/lenserve.proto.SchedulerService/Submit',
+                request_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.SubmitRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.SubmitResponse.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/lenserve.proto.SchedulerService/Abort',
                 request_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.AbortRequest.SerializeToString,
@@ -57,6 +67,19 @@ class SchedulerServiceServicer:
 
     def Generate(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Subscribe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Submit(self, request, context):
+        """INVALID_ARGUMENT for a refused request, FAILED_PRECONDITION for an unknown subscription.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -80,6 +103,16 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=lenserve__contract_dot_proto_dot_common__pb2.Request.FromString,
                     response_serializer=lenserve__contract_dot_proto_dot_common__pb2.TokenChunk.SerializeToString,
+            ),
+            'Subscribe': grpc.unary_stream_rpc_method_handler(
+                    servicer.Subscribe,
+                    request_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.SubscribeRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.StepChunks.SerializeToString,
+            ),
+            'Submit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Submit,
+                    request_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.SubmitRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.SubmitResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -119,6 +152,60 @@ class SchedulerService:
             '/lenserve.proto.SchedulerService/Generate',
             lenserve__contract_dot_proto_dot_common__pb2.Request.SerializeToString,
             lenserve__contract_dot_proto_dot_common__pb2.TokenChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Subscribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lenserve.proto.SchedulerService/Subscribe',
+            lenserve__contract_dot_proto_dot_scheduler__pb2.SubscribeRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_scheduler__pb2.StepChunks.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Submit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lenserve.proto.SchedulerService/Submit',
+            lenserve__contract_dot_proto_dot_scheduler__pb2.SubmitRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_scheduler__pb2.SubmitResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -228,6 +229,8 @@ def build(args) -> int:
     if epochs > 0:
         config = _fine_tune(argparse.Namespace(**{**vars(args), "finetune_epochs": epochs}),
                             config, [s.prompt for s in train], lengths)
+    elif args.encoder:
+        _copy_encoder_beside(args)
     predictor = Predictor(config)
     created = seed_in_chunks(predictor, args.model, [s.prompt for s in train], lengths)
     log.info("training the MLP on %d records", predictor.store.count(args.model))
@@ -294,6 +297,20 @@ def add_finetune_args(p: argparse.ArgumentParser, epochs: int | None, what: str)
     p.add_argument("--finetune-epochs", type=int, default=epochs, help=what)
     p.add_argument("--finetune-layers", type=int, default=DEFAULT_LAYERS,
                    help="encoder layers kept by the fine-tune (0 = all)")
+
+
+def _copy_encoder_beside(args) -> None:
+    """A DB built with --encoder DIR keeps a copy of DIR where a fine-tune would have left
+    one, so that serve and ``embedded:DB`` find the encoder of its vectors untold."""
+    out = encoder_beside_db(args.qdrant_path, args.qdrant_url)
+    if not out or not os.path.isdir(args.encoder):
+        return
+    if os.path.realpath(out) == os.path.realpath(args.encoder):
+        return
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    shutil.copytree(args.encoder, out)
+    print(f"encoder {args.encoder} copied beside the DB: {out}")
 
 
 def _fine_tune(args, config: PredictorConfig, prompts: list[str], lengths) -> PredictorConfig:

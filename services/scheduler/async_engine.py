@@ -3,7 +3,10 @@
 The step loop runs in one background thread that owns the engine: iterations are CPU/GPU
 bound and would otherwise stall the event loop. The event loop only posts commands (add,
 abort) to that thread and receives outputs through per-request asyncio queues, so it never
-waits on an iteration."""
+waits on an iteration. ``submit`` sends a request's outputs to a ``StepQueue`` shared by many
+requests instead: each iteration puts one list there, of ``(request_id, output or error)``
+for every request of that queue the iteration moved (the scheduler service's multiplexed
+stream)."""
 from __future__ import annotations
 
 import asyncio
@@ -55,6 +58,18 @@ class AsyncEngine:
         finally:
             if not finished:
                 await self._call("abort", request_id)
+
+    async def submit(self, sink: StepQueue, prompt: str | None = None,
+                     sampling_params: SamplingParams | None = None,
+                     request_id: str | None = None, *, prompt_token_ids: list[int] | None = None,
+                     **request_kwargs) -> str:
+        """Add a request whose outputs go to ``sink``; returns its id. Bad input raises
+        InvalidRequestError here. The caller aborts it if it stops reading."""
+        request_id = request_id or f"req-{uuid.uuid4().hex}"
+        kwargs = dict(prompt=prompt, prompt_token_ids=prompt_token_ids,
+                      sampling_params=sampling_params, delta=True, **request_kwargs)
+        await self._call("add", request_id, kwargs, (asyncio.get_running_loop(), sink))
+        return request_id
 
     async def abort(self, request_id: str) -> bool:
         """Abort a request; its stream ends with finish_reason "abort". False if unknown."""
@@ -146,7 +161,7 @@ class AsyncEngine:
         for rid, item, final in items:
             stream = self._streams.pop(rid, None) if final else self._streams.get(rid)
             if stream is not None:
-                by_loop.setdefault(stream[0], []).append((stream[1], item))
+                by_loop.setdefault(stream[0], []).append((stream[1], rid, item))
         for loop, queued in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_put_all, queued)
@@ -160,6 +175,16 @@ class AsyncEngine:
             self._deliver(request_id, exc, final=True)
 
 
-def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
-    for out_queue, item in items:
-        out_queue.put_nowait(item)
+class StepQueue(asyncio.Queue):
+    """Receives, per iteration, one list of ``(request_id, RequestOutput or exception)``."""
+
+
+def _put_all(items: list[tuple[asyncio.Queue, str, object]]) -> None:
+    steps: dict[int, tuple[StepQueue, list]] = {}
+    for out_queue, request_id, item in items:
+        if isinstance(out_queue, StepQueue):
+            steps.setdefault(id(out_queue), (out_queue, []))[1].append((request_id, item))
+        else:
+            out_queue.put_nowait(item)
+    for step_queue, batch in steps.values():
+        step_queue.put_nowait(batch)

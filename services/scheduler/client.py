@@ -8,7 +8,14 @@ against the in-process engine (the REST gateway) runs unchanged over gRPC:
 ``generate`` yields ``RequestOutput`` deltas (new token ids and text), raises
 ``InvalidRequestError`` for a refused request, and aborts the request when the caller stops
 iterating early. ``UNAVAILABLE`` is retried (with backoff) until the stream has produced its
-first output; after that a lost stream is the caller's to handle."""
+first output; after that a lost stream is the caller's to handle.
+
+``AsyncClient(..., multiplex=True)`` (what the REST gateway uses) carries all its requests on
+one ``Subscribe`` stream, each iteration's chunks of all of them in one message, and sends each
+request with a unary ``Submit``: one gRPC message per iteration instead of one per running
+request, on both sides. Its requests see the same outputs and errors; a deadline is enforced
+by the client (the request is aborted and ``DEADLINE_EXCEEDED`` raised), and a lost
+subscription ends every request on it with the stream's error."""
 from __future__ import annotations
 
 import asyncio
@@ -82,10 +89,11 @@ def _translate(err: grpc.RpcError) -> Exception:
 
 
 class AsyncClient(_Base):
-    def __init__(self, target: str, **options):
+    def __init__(self, target: str, *, multiplex: bool = False, **options):
         super().__init__(target, **options)
         self._channel = grpc.aio.insecure_channel(self.target, options=rpc.CHANNEL_OPTIONS)
         self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
+        self._mux = _Multiplexer(self) if multiplex else None
 
     async def generate(self, prompt: str | None = None,
                        sampling_params: SamplingParams | None = None,
@@ -93,6 +101,10 @@ class AsyncClient(_Base):
                        timeout_s: float | None = None,
                        **request_kwargs) -> AsyncIterator[RequestOutput]:
         msg = self._request(prompt, sampling_params, request_id, prompt_token_ids, request_kwargs)
+        if self._mux is not None:
+            async for out in self._mux.generate(msg, prompt, timeout_s or self.timeout_s):
+                yield out
+            return
         call, chunk = await self._open(msg, timeout_s or self.timeout_s)
         stream = _Stream(prompt)
         try:
@@ -144,6 +156,8 @@ class AsyncClient(_Base):
         raise AssertionError("unreachable")
 
     async def close(self) -> None:
+        if self._mux is not None:
+            await self._mux.close()
         await self._channel.close()
 
     async def __aenter__(self):
@@ -151,6 +165,107 @@ class AsyncClient(_Base):
 
     async def __aexit__(self, *exc):
         await self.close()
+
+
+class _Multiplexer:
+    """One ``Subscribe`` stream of an ``AsyncClient``, opened on first use and again after it is
+    lost; a reader task hands each chunk to its request's queue."""
+
+    def __init__(self, client: AsyncClient):
+        self.client = client
+        self.subscriber_id = ""
+        self.queues: dict[str, asyncio.Queue] = {}
+        self._reader: asyncio.Task | None = None
+        self._opening = asyncio.Lock()
+
+    async def generate(self, msg, prompt: str | None,
+                       timeout_s: float | None) -> AsyncIterator[RequestOutput]:
+        request_id = msg.request_id
+        if request_id in self.queues:
+            raise InvalidRequestError(f"request_id {request_id!r} is already running",
+                                      field="request_id")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        queue: asyncio.Queue = asyncio.Queue()
+        self.queues[request_id] = queue
+        stream = _Stream(prompt)
+        try:
+            await self._submit(msg)
+            while True:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                try:
+                    item = await asyncio.wait_for(queue.get(), remaining)
+                except asyncio.TimeoutError:
+                    raise _deadline_exceeded(timeout_s) from None
+                if isinstance(item, Exception):
+                    raise item
+                yield stream.output(item)
+                if stream.finished:
+                    return
+        finally:
+            self.queues.pop(request_id, None)
+            if not stream.finished and self._reader is not None and not self._reader.done():
+                try:
+                    await self.client.abort(request_id)
+                except grpc.RpcError:
+                    pass        # the scheduler is gone: nothing left to abort
+
+    async def _submit(self, msg) -> None:
+        """Submit on the open subscription, opening it (again) first when needed; UNAVAILABLE
+        is retried as a stream's open is."""
+        for attempt in range(self.client.retries + 1):
+            try:
+                await self._subscribe()
+                request = scheduler_pb2.SubmitRequest(subscriber_id=self.subscriber_id,
+                                                      request=msg)
+                await self.client._stub.Submit(request, timeout=self.client.call_timeout_s)
+                return
+            except grpc.aio.AioRpcError as err:
+                lost = err.code() in (grpc.StatusCode.UNAVAILABLE,
+                                      grpc.StatusCode.FAILED_PRECONDITION)
+                if not lost or attempt >= self.client.retries:
+                    raise _translate(err) from None
+            await asyncio.sleep(self.client._delay(attempt))
+
+    async def _subscribe(self) -> None:
+        async with self._opening:
+            if self._reader is not None and not self._reader.done():
+                return
+            self.subscriber_id = f"sub-{uuid.uuid4().hex}"
+            call = self.client._stub.Subscribe(
+                scheduler_pb2.SubscribeRequest(subscriber_id=self.subscriber_id))
+            await call.read()           # the empty message that says it is open
+            self._reader = asyncio.get_running_loop().create_task(self._read(call))
+
+    async def _read(self, call) -> None:
+        error: Exception = ConnectionError("the scheduler ended the subscription")
+        try:
+            while (step := await call.read()) is not grpc.aio.EOF:
+                for chunk in step.chunks:
+                    queue = self.queues.get(chunk.request_id)
+                    if queue is not None:
+                        queue.put_nowait(chunk)
+        except grpc.aio.AioRpcError as err:
+            error = err
+        except asyncio.CancelledError:
+            error = ConnectionError("the client closed its subscription")
+            raise
+        finally:
+            for queue in self.queues.values():
+                queue.put_nowait(error)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except (asyncio.CancelledError, Exception):     # noqa: BLE001 - it is going away
+                pass
+
+
+def _deadline_exceeded(timeout_s: float) -> grpc.aio.AioRpcError:
+    """The error a stream whose deadline passed raises, for a request on a subscription."""
+    return grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(),
+                                grpc.aio.Metadata(), f"no output within {timeout_s:g}s")
 
 
 class Client(_Base):

@@ -1,8 +1,10 @@
 """gRPC shell of the scheduler: ``Generate`` streams an ``AsyncEngine``'s output deltas,
+``Subscribe`` + ``Submit`` stream many requests' deltas as one message per iteration,
 ``Abort`` and ``GetStats`` pass through, plus the standard health service.
 
 A client that cancels its stream (or whose deadline passes) aborts the request: the
-cancellation reaches ``AsyncEngine.generate``, whose clean-up aborts it in the core."""
+cancellation reaches ``AsyncEngine.generate``, whose clean-up aborts it in the core. A
+cancelled subscription aborts every request still running on it."""
 from __future__ import annotations
 
 import logging
@@ -10,10 +12,10 @@ import logging
 import grpc
 
 from lenserve_contract.errors import InvalidRequestError
-from lenserve_contract.proto import scheduler_pb2, scheduler_pb2_grpc
+from lenserve_contract.proto import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services import rpc
 from services.scheduler import convert
-from services.scheduler.async_engine import AsyncEngine
+from services.scheduler.async_engine import AsyncEngine, StepQueue
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "lenserve.proto.SchedulerService"
@@ -22,6 +24,7 @@ SERVICE_NAME = "lenserve.proto.SchedulerService"
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(self, engine: AsyncEngine):
         self.engine = engine
+        self._subscriptions: dict[str, _Subscription] = {}
 
     async def Generate(self, request, context):
         try:
@@ -38,11 +41,77 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             log.error("request %s failed: %s", request.request_id, exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
+    async def Subscribe(self, request, context):
+        sid = request.subscriber_id
+        if not sid or sid in self._subscriptions:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"subscriber_id {sid!r} is empty or already subscribed")
+        sub = self._subscriptions[sid] = _Subscription()
+        try:
+            yield scheduler_pb2.StepChunks()          # open: Submit may name it now
+            while True:
+                yield scheduler_pb2.StepChunks(chunks=sub.chunks(await sub.queue.get()))
+        finally:
+            del self._subscriptions[sid]
+            for request_id in list(sub.counts):       # the client went away
+                await self.engine.abort(request_id)
+
+    async def Submit(self, request, context):
+        sub = self._subscriptions.get(request.subscriber_id)
+        if sub is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"no subscription {request.subscriber_id!r}: Subscribe first")
+        request_id = request.request.request_id
+        if not request_id or request_id in sub.counts:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"request_id {request_id!r} is empty or already running",
+                                trailing_metadata=((rpc.FIELD_METADATA_KEY, "request_id"),))
+        sub.counts[request_id] = None
+        try:
+            await self.engine.submit(sub.queue, **convert.request_from_pb(request.request))
+        except InvalidRequestError as exc:
+            sub.counts.pop(request_id, None)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc),
+                                trailing_metadata=((rpc.FIELD_METADATA_KEY, exc.field),))
+        except RuntimeError as exc:   # the engine stopped
+            sub.counts.pop(request_id, None)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return scheduler_pb2.SubmitResponse()
+
     async def Abort(self, request, context):
         return scheduler_pb2.AbortResponse(found=await self.engine.abort(request.request_id))
 
     async def GetStats(self, request, context):
         return convert.stats_to_pb(await self.engine.stats())
+
+
+class _Subscription:
+    """One client's multiplexed stream: its step queue and, per running request, the output
+    tokens sent so far (None before its first chunk; a request runs on it from Submit to its
+    final chunk)."""
+
+    def __init__(self):
+        self.queue = StepQueue()
+        self.counts: dict[str, int | None] = {}
+
+    def chunks(self, step: list) -> list:
+        chunks = []
+        for request_id, item in step:
+            first = self.counts.get(request_id, 0) is None
+            if isinstance(item, BaseException):       # the engine stopped
+                chunk = common_pb2.TokenChunk(
+                    request_id=request_id, finished=True,
+                    finish_reason=common_pb2.FINISH_REASON_ERROR,
+                    error=common_pb2.ErrorDetail(code=common_pb2.ERROR_CODE_UNAVAILABLE,
+                                                 message=str(item)))
+            else:
+                count = (self.counts.get(request_id) or 0) + len(item.outputs[0].token_ids)
+                self.counts[request_id] = count
+                chunk = convert.chunk_from_output(item, count, first)
+            if chunk.finished:
+                self.counts.pop(request_id, None)
+            chunks.append(chunk)
+        return chunks
 
 
 def build_server(engine: AsyncEngine, address: str) -> tuple[grpc.aio.Server, int]:

@@ -137,6 +137,16 @@ def test_build_with_finetune_leaves_the_encoder_that_serve_uses(tmp_path, capsys
     stock = _parse(["predictor", "serve", "--qdrant-path", db, "--encoder",
                     Embedder().path, "--port", "0"])
     assert asyncio.run(serve_async(stock)) == 2
+    # A DB built on that encoder without a fine-tune keeps it beside itself too.
+    db2 = str(tmp_path / "db2")
+    again = _parse(["predictor", "build", "--dataset-name", "alpaca", "--dataset-path", ALPACA,
+                    "--num-train", "20", "--qdrant-path", db2, "--model", "served",
+                    "--encoder", db + "-encoder", "--finetune-epochs", "0"])
+    assert again.func(again) == 0
+    assert "copied beside the DB" in capsys.readouterr().out
+    config2 = config_from_args(_parse(["predictor", "serve", "--qdrant-path", db2]))
+    assert config2.embedder.encoder_path == db2 + "-encoder"
+    assert Embedder(config2.embedder).encoder_id == emb.encoder_id
 
 
 def test_finetune_without_a_place_for_the_encoder_is_refused():

@@ -1,5 +1,6 @@
-"""One scenario, two fronts: the in-process AsyncEngine and the gRPC AsyncClient must behave
-alike (the REST gateway runs unchanged over either)."""
+"""One scenario, three fronts: the in-process AsyncEngine and the gRPC AsyncClient, a stream
+per request or all on one multiplexed stream, must behave alike (the REST gateway runs
+unchanged over any)."""
 from __future__ import annotations
 
 import asyncio
@@ -39,15 +40,27 @@ async def served():
     engine.shutdown()
 
 
-@pytest.fixture(params=["engine", "grpc"])
+@pytest.fixture(params=["engine", "grpc", "grpc-multiplexed"])
 async def front(request, served):
     engine, target = served
     if request.param == "engine":
         yield engine
         return
-    client = AsyncClient(target)
+    client = AsyncClient(target, multiplex=request.param == "grpc-multiplexed")
     yield client
     await client.close()
+
+
+def slow_iterations(engine: AsyncEngine, monkeypatch) -> None:
+    """2 ms an iteration: the fake model would otherwise finish all its tokens before an abort
+    (or a second request) can travel, a race under load."""
+    execute = engine.engine.executor.execute
+
+    def slow_execute(batch):
+        time.sleep(0.002)
+        return execute(batch)
+
+    monkeypatch.setattr(engine.engine.executor, "execute", slow_execute)
 
 
 async def collect(front, prompt, request_id=None, **params):
@@ -102,16 +115,7 @@ async def test_bad_input_raises_invalid_request_with_its_field(front):
 
 
 async def test_abort_and_early_close_end_requests(front, served, monkeypatch):
-    # The fake model would finish all its tokens before an abort can travel (a race under
-    # load): each iteration takes 2 ms here.
-    executor = served[0].engine.executor
-    execute = executor.execute
-
-    def slow_execute(batch):
-        time.sleep(0.002)
-        return execute(batch)
-
-    monkeypatch.setattr(executor, "execute", slow_execute)
+    slow_iterations(served[0], monkeypatch)
     stream = front.generate("abort me", SamplingParams(max_tokens=500, ignore_eos=True), "ab")
     first = await stream.__anext__()
     assert not first.finished and await front.abort("ab")
@@ -135,14 +139,17 @@ async def test_health_and_malformed_bytes(served):
         resp = await health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=SERVICE_NAME))
         assert resp.status == health_pb2.HealthCheckResponse.SERVING
-        for method, kind in (("Generate", channel.unary_stream), ("Abort", channel.unary_unary)):
+        for method, kind in (("Generate", channel.unary_stream), ("Abort", channel.unary_unary),
+                             ("Subscribe", channel.unary_stream),
+                             ("Submit", channel.unary_unary)):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 call = kind(f"/{SERVICE_NAME}/{method}")(b"\xff\xff\xff\xff", timeout=5)
-                await (call.read() if method == "Generate" else call)
+                await (call.read() if kind == channel.unary_stream else call)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_deadline_aborts_the_request(served, monkeypatch):
+@pytest.mark.parametrize("multiplex", [False, True])
+async def test_deadline_aborts_the_request(served, monkeypatch, multiplex):
     engine, target = served
     # The fake model is instant: 120 of its iterations can finish inside the deadline on a
     # fast machine. A millisecond per iteration keeps the request running past it.
@@ -153,7 +160,7 @@ async def test_deadline_aborts_the_request(served, monkeypatch):
         return real_execute(self, batch)
 
     monkeypatch.setattr(FakeExecutor, "execute", slow_execute)
-    async with AsyncClient(target) as client:
+    async with AsyncClient(target, multiplex=multiplex) as client:
         stream = client.generate("slow", SamplingParams(max_tokens=120, ignore_eos=True),
                                  timeout_s=0.01)
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -170,7 +177,8 @@ async def _consume(stream):
     return [out async for out in stream]
 
 
-async def test_client_retries_until_the_scheduler_is_up():
+@pytest.mark.parametrize("multiplex", [False, True])
+async def test_client_retries_until_the_scheduler_is_up(multiplex):
     from tests.predictor.conftest import free_port
 
     port = free_port()
@@ -181,7 +189,8 @@ async def test_client_retries_until_the_scheduler_is_up():
         return await start_server(engine, port)
 
     late = asyncio.create_task(start_late())
-    async with AsyncClient(f"127.0.0.1:{port}", retries=6, backoff_s=0.1) as client:
+    async with AsyncClient(f"127.0.0.1:{port}", retries=6, backoff_s=0.1,
+                           multiplex=multiplex) as client:
         tokens, _, _ = await collect(client, "hello", max_tokens=4)
     server, _ = await late
     assert len(tokens) == 4
@@ -215,3 +224,58 @@ async def test_the_prediction_source_crosses_the_wire():
     finally:
         await server.stop(grace=1)
         engine.shutdown()
+
+
+async def test_a_subscription_carries_each_iteration_of_all_its_requests_in_one_message(
+        served, monkeypatch):
+    from lenserve_contract.proto import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+    engine, target = served
+    slow_iterations(engine, monkeypatch)  # r0 still runs when its id is submitted again
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        sub = stub.Subscribe(scheduler_pb2.SubscribeRequest(subscriber_id="s1"))
+        assert not (await sub.read()).chunks              # open
+        params = common_pb2.SamplingParams(max_tokens=40, ignore_eos=True)
+        for i in range(4):
+            await stub.Submit(scheduler_pb2.SubmitRequest(subscriber_id="s1", request=(
+                common_pb2.Request(request_id=f"r{i}", prompt=f"p{i}", sampling_params=params))))
+        with pytest.raises(grpc.aio.AioRpcError) as err:       # unknown subscription
+            await stub.Submit(scheduler_pb2.SubmitRequest(subscriber_id="nope", request=(
+                common_pb2.Request(request_id="x", prompt="p", sampling_params=params))))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        with pytest.raises(grpc.aio.AioRpcError) as err:       # an id already running
+            await stub.Submit(scheduler_pb2.SubmitRequest(subscriber_id="s1", request=(
+                common_pb2.Request(request_id="r0", prompt="p", sampling_params=params))))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        tokens: dict[str, int] = {}
+        widest = 0
+        while len([r for r, n in tokens.items() if n == 40]) < 4:
+            step = await sub.read()
+            widest = max(widest, len({c.request_id for c in step.chunks}))
+            for c in step.chunks:       # the prompt's ids come with the first chunk only
+                assert bool(c.prompt_token_ids) == (c.request_id not in tokens)
+                tokens[c.request_id] = c.num_output_tokens
+        sub.cancel()
+    assert tokens == {f"r{i}": 40 for i in range(4)}
+    assert widest == 4                    # the four requests' tokens came in one message
+
+
+async def test_closing_a_multiplexed_client_aborts_its_requests(served, monkeypatch):
+    engine, target = served
+    slow_iterations(engine, monkeypatch)
+    client = AsyncClient(target, multiplex=True)
+    streams = [client.generate(f"long {i}", SamplingParams(max_tokens=500, ignore_eos=True))
+               for i in range(3)]
+    for stream in streams:
+        assert not (await stream.__anext__()).finished
+    await client.close()                  # the subscription goes: its requests are aborted
+    for stream in streams:
+        with pytest.raises(ConnectionError):
+            await _consume(stream)
+    for _ in range(100):
+        stats = await engine.stats()
+        if stats.num_running == stats.num_waiting == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert (stats.num_running, stats.num_waiting, stats.num_free_blocks) == (0, 0, 64)
