@@ -99,3 +99,14 @@ def test_the_command_map_names_every_command_and_a_command_line_loads_only_its_o
     assert command_of(["--debug", "simulate", "--seed", "1"]) == "simulate"
     assert command_of(["--help"]) is None
     assert commands(build_parser("no-such-command")) == set(COMMANDS)  # argparse says why
+
+
+def test_bench_transport_separates_the_transport_from_the_forward(capsys):
+    assert main(["bench-transport", "--model", "fake", "--num-requests", "3",
+                 "--output-len", "4", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    beyond = {line.split()[0]: float(line.split()[1]) for line in out.splitlines()
+              if "beyond the executor's own iteration time" in line}
+    # In-process the call is the iteration; over gRPC it adds the round trip.
+    assert set(beyond) == {"in-process", "grpc"} and beyond["grpc"] > beyond["in-process"]
+    assert "tokens identical across transports: True" in out

@@ -1,7 +1,12 @@
 """``lenserve bench-transport``: per-iteration cost of the service split. The same workload
 runs on an engine whose executor is in-process and on one whose executor is a separate
 ``python -m services.executor`` process behind gRPC; the difference per step is the
-transport's overhead (serialisation, the loopback round trip, the server's thread hop)."""
+transport's overhead (serialisation, the loopback round trip, the server's thread hop).
+
+The difference between two runs also carries the machine's noise in the forward itself, which
+on a busy CPU is larger than the transport. So each ``Execute`` call is also timed against the
+time the executor reports for its own iteration (``IterationTimings.total_s``): what is left
+is the transport alone."""
 from __future__ import annotations
 
 import argparse
@@ -51,20 +56,34 @@ def start_executor(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     return proc, f"grpc://127.0.0.1:{port}"
 
 
-def time_steps(engine, args: argparse.Namespace) -> tuple[float, int, list[int]]:
-    """Seconds of the whole run, steps taken, and request 0's tokens (to compare)."""
+def time_steps(engine, args: argparse.Namespace) -> tuple[float, int, list[int], float]:
+    """Seconds of the whole run, steps taken, request 0's tokens (to compare), and the seconds
+    the ``Execute`` calls took beyond the executor's own time for its iterations."""
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0)
     for i in range(args.num_requests):
         engine.add_request(f"r{i}", prompt_token_ids=[(7 * i + j) % 200 + 1
                                                       for j in range(args.prompt_len)],
                            sampling_params=params)
+    executor, beyond = engine.executor, [0.0]
+    execute = executor.execute
+
+    def timed(batch):
+        start = time.perf_counter()
+        out = execute(batch)
+        beyond[0] += time.perf_counter() - start - out.timings.total_s
+        return out
+
+    executor.execute = timed
     steps, tokens, t0 = 0, [], time.perf_counter()
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.request_id == "r0" and out.finished:
-                tokens = out.outputs[0].token_ids
-        steps += 1
-    return time.perf_counter() - t0, steps, tokens
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.request_id == "r0" and out.finished:
+                    tokens = out.outputs[0].token_ids
+            steps += 1
+    finally:
+        del executor.execute          # the class's method again
+    return time.perf_counter() - t0, steps, tokens, beyond[0]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,22 +102,25 @@ def run(args: argparse.Namespace) -> int:
         for engine in (local, remote):   # warm-up: first-call costs stay out of the figures
             time_steps(engine, argparse.Namespace(**{**vars(args), "output_len": 2}))
         results: dict[str, list[float]] = {"in-process": [], "grpc": []}
+        beyond: dict[str, list[float]] = {"in-process": [], "grpc": []}
         same = True
         for _ in range(args.rounds):
             base = None
             for name, engine in (("in-process", local), ("grpc", remote)):
-                secs, steps, tokens = time_steps(engine, args)
+                secs, steps, tokens, extra = time_steps(engine, args)
                 results[name].append(1e3 * secs / steps)
+                beyond[name].append(1e3 * extra / steps)
                 same &= base is None or tokens == base
                 base = tokens
-        _report(args, results, steps, same)
+        _report(args, results, beyond, steps, same)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     return 0
 
 
-def _report(args, results: dict[str, list[float]], steps: int, same: bool) -> None:
+def _report(args, results: dict[str, list[float]], beyond: dict[str, list[float]], steps: int,
+            same: bool) -> None:
     print(f"model {args.model}: {args.num_requests} requests x {args.prompt_len} prompt + "
           f"{args.output_len} output tokens, {steps} steps per run, {args.threads} torch "
           f"thread(s) each side; ms per step, min-max of {args.rounds} runs")
@@ -107,4 +129,7 @@ def _report(args, results: dict[str, list[float]], steps: int, same: bool) -> No
     overhead = [g - i for g, i in zip(results["grpc"], results["in-process"])]
     print(f"  overhead   {min(overhead):8.3f} - {max(overhead):8.3f}  (grpc - in-process, "
           f"same round)")
+    for name, ms in beyond.items():
+        print(f"  {name:<10} {min(ms):8.3f} - {max(ms):8.3f}  per Execute call beyond the "
+              f"executor's own iteration time")
     print(f"  tokens identical across transports: {same}")
