@@ -175,6 +175,7 @@ class _Multiplexer:
         self.client = client
         self.subscriber_id = ""
         self.queues: dict[str, asyncio.Queue] = {}
+        self.sent_on: dict[str, str] = {}     # request id -> the subscription it was sent on
         self._reader: asyncio.Task | None = None
         self._opening = asyncio.Lock()
 
@@ -189,7 +190,7 @@ class _Multiplexer:
         self.queues[request_id] = queue
         stream = _Stream(prompt)
         try:
-            await self._submit(msg)
+            await self._submit(msg, queue)
             while True:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 try:
@@ -203,25 +204,33 @@ class _Multiplexer:
                     return
         finally:
             self.queues.pop(request_id, None)
+            self.sent_on.pop(request_id, None)
             if not stream.finished and self._reader is not None and not self._reader.done():
                 try:
                     await self.client.abort(request_id)
                 except grpc.RpcError:
                     pass        # the scheduler is gone: nothing left to abort
 
-    async def _submit(self, msg) -> None:
+    async def _submit(self, msg, queue: asyncio.Queue) -> None:
         """Submit on the open subscription, opening it (again) first when needed; UNAVAILABLE
-        is retried as a stream's open is."""
+        is retried as a stream's open is. The request is marked as sent on the subscription
+        before the call, so that a subscription lost during it fails the request rather than
+        leaving it waiting; a retry starts from an empty queue on the new one."""
         for attempt in range(self.client.retries + 1):
             try:
                 await self._subscribe()
+                self.sent_on[msg.request_id] = self.subscriber_id
+                while not queue.empty():        # the error of a subscription lost before
+                    queue.get_nowait()
                 request = scheduler_pb2.SubmitRequest(subscriber_id=self.subscriber_id,
                                                       request=msg)
                 await self.client._stub.Submit(request, timeout=self.client.call_timeout_s)
                 return
             except grpc.aio.AioRpcError as err:
-                lost = err.code() in (grpc.StatusCode.UNAVAILABLE,
-                                      grpc.StatusCode.FAILED_PRECONDITION)
+                unknown = err.code() == grpc.StatusCode.FAILED_PRECONDITION
+                if unknown:         # a restarted scheduler that our stream has not yet seen
+                    await self.close()
+                lost = unknown or err.code() == grpc.StatusCode.UNAVAILABLE
                 if not lost or attempt >= self.client.retries:
                     raise _translate(err) from None
             await asyncio.sleep(self.client._delay(attempt))
@@ -230,13 +239,14 @@ class _Multiplexer:
         async with self._opening:
             if self._reader is not None and not self._reader.done():
                 return
-            self.subscriber_id = f"sub-{uuid.uuid4().hex}"
+            subscriber_id = f"sub-{uuid.uuid4().hex}"
             call = self.client._stub.Subscribe(
-                scheduler_pb2.SubscribeRequest(subscriber_id=self.subscriber_id))
+                scheduler_pb2.SubscribeRequest(subscriber_id=subscriber_id))
             await call.read()           # the empty message that says it is open
-            self._reader = asyncio.get_running_loop().create_task(self._read(call))
+            self.subscriber_id = subscriber_id
+            self._reader = asyncio.get_running_loop().create_task(self._read(call, subscriber_id))
 
-    async def _read(self, call) -> None:
+    async def _read(self, call, subscriber_id: str) -> None:
         error: Exception = ConnectionError("the scheduler ended the subscription")
         try:
             while (step := await call.read()) is not grpc.aio.EOF:
@@ -249,9 +259,10 @@ class _Multiplexer:
         except asyncio.CancelledError:
             error = ConnectionError("the client closed its subscription")
             raise
-        finally:
-            for queue in self.queues.values():
-                queue.put_nowait(error)
+        finally:                # every request sent on this subscription ends with its error
+            for request_id, sent_on in list(self.sent_on.items()):
+                if sent_on == subscriber_id and request_id in self.queues:
+                    self.queues[request_id].put_nowait(error)
 
     async def close(self) -> None:
         if self._reader is not None:

@@ -279,3 +279,37 @@ async def test_closing_a_multiplexed_client_aborts_its_requests(served, monkeypa
             break
         await asyncio.sleep(0.02)
     assert (stats.num_running, stats.num_waiting, stats.num_free_blocks) == (0, 0, 64)
+
+
+async def test_a_multiplexed_client_fails_fast_then_resubscribes_when_the_scheduler_restarts(
+        monkeypatch):
+    from tests.predictor.conftest import free_port
+
+    port = free_port()
+    engine = AsyncEngine(CONFIG)
+    slow_iterations(engine, monkeypatch)
+    server, target = await start_server(engine, port)
+    async with AsyncClient(target, multiplex=True, retries=6, backoff_s=0.1) as client:
+        assert len((await collect(client, "before", max_tokens=3))[0]) == 3
+        running = client.generate("cut off", SamplingParams(max_tokens=500, ignore_eos=True))
+        assert not (await running.__anext__()).finished
+        await server.stop(grace=None)
+        engine.shutdown()
+        with pytest.raises((grpc.aio.AioRpcError, ConnectionError)):
+            await asyncio.wait_for(_consume(running), 10)     # an error, not a hang
+        engine = AsyncEngine(CONFIG)
+        server, _ = await start_server(engine, port)
+        assert len((await collect(client, "after", max_tokens=3))[0]) == 3
+    await server.stop(grace=1)
+    engine.shutdown()
+
+
+async def test_a_subscription_the_scheduler_does_not_know_is_opened_again(served):
+    """As after a scheduler restart that the client's stream has not noticed yet."""
+    _, target = served
+    async with AsyncClient(target, multiplex=True, backoff_s=0.01) as client:
+        assert len((await collect(client, "first", max_tokens=2))[0]) == 2
+        live = client._mux.subscriber_id
+        client._mux.subscriber_id = "forgotten"
+        assert len((await collect(client, "second", max_tokens=2))[0]) == 2
+        assert client._mux.subscriber_id not in (live, "forgotten")
