@@ -76,6 +76,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         except RuntimeError as exc:   # the engine stopped
             sub.counts.pop(request_id, None)
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        if self._subscriptions.get(request.subscriber_id) is not sub:
+            await self.engine.abort(request_id)    # it went away while the request was added
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"subscription {request.subscriber_id!r} ended")
         return scheduler_pb2.SubmitResponse()
 
     async def Abort(self, request, context):

@@ -313,3 +313,23 @@ async def test_a_subscription_the_scheduler_does_not_know_is_opened_again(served
         client._mux.subscriber_id = "forgotten"
         assert len((await collect(client, "second", max_tokens=2))[0]) == 2
         assert client._mux.subscriber_id not in (live, "forgotten")
+
+
+async def test_an_engine_failure_ends_each_multiplexed_request_with_an_error(served,
+                                                                             monkeypatch):
+    engine, target = served
+    step = engine.engine.step
+    broken = {"on": True}
+
+    def failing_step():
+        if broken["on"]:
+            raise RuntimeError("engine bug")
+        return step()
+
+    monkeypatch.setattr(engine.engine, "step", failing_step)
+    async with AsyncClient(target, multiplex=True) as client:
+        _, _, outs = await asyncio.wait_for(collect(client, "doomed", max_tokens=4), 10)
+        assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "error"
+        assert "engine bug" in outs[-1].error
+        broken["on"] = False                    # the loop goes on for the next requests
+        assert len((await collect(client, "fine", max_tokens=3))[0]) == 3
