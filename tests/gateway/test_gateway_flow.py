@@ -79,7 +79,10 @@ def test_disconnect_mid_stream_aborts_the_request(gateway_factory):
     assert wait_until(lambda: stats_of(gw.engine).num_running == 0, timeout_s=10)
     stats = stats_of(gw.engine)
     assert stats.num_waiting == 0 and stats.num_free_blocks == stats.num_total_blocks
-    assert gw.backend.closed_early == gw.backend.aborted and len(gw.backend.aborted) == 1
+    # The engine frees the request before the gateway's coroutine resumes to note it.
+    assert wait_until(lambda: len(gw.backend.aborted) == len(gw.backend.closed_early) == 1,
+                      timeout_s=10)
+    assert gw.backend.closed_early == gw.backend.aborted
 
 
 def test_disconnect_before_a_whole_answer_aborts_the_request(gateway_factory):
@@ -96,7 +99,9 @@ def test_disconnect_before_a_whole_answer_aborts_the_request(gateway_factory):
     assert wait_until(lambda: stats_of(gw.engine).num_running == 0, timeout_s=10)
     stats = stats_of(gw.engine)
     assert stats.num_waiting == 0 and stats.num_free_blocks == stats.num_total_blocks
-    assert len(gw.backend.aborted) == 1 and gw.backend.closed_early == gw.backend.aborted
+    assert wait_until(lambda: len(gw.backend.aborted) == len(gw.backend.closed_early) == 1,
+                      timeout_s=10)
+    assert gw.backend.closed_early == gw.backend.aborted
 
 
 def test_over_the_open_request_bound_is_503_in_the_openai_error_shape(gateway_factory):
