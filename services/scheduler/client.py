@@ -174,20 +174,20 @@ class _Multiplexer:
     def __init__(self, client: AsyncClient):
         self.client = client
         self.subscriber_id = ""
-        self.queues: dict[str, asyncio.Queue] = {}
-        self.sent_on: dict[str, str] = {}     # request id -> the subscription it was sent on
+        # request id -> its queue and the subscription it was sent on ("" before Submit)
+        self.pending: dict[str, tuple[asyncio.Queue, str]] = {}
         self._reader: asyncio.Task | None = None
         self._opening = asyncio.Lock()
 
     async def generate(self, msg, prompt: str | None,
                        timeout_s: float | None) -> AsyncIterator[RequestOutput]:
         request_id = msg.request_id
-        if request_id in self.queues:
+        if request_id in self.pending:
             raise InvalidRequestError(f"request_id {request_id!r} is already running",
                                       field="request_id")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         queue: asyncio.Queue = asyncio.Queue()
-        self.queues[request_id] = queue
+        self.pending[request_id] = (queue, "")
         stream = _Stream(prompt)
         try:
             await self._submit(msg, queue)
@@ -203,8 +203,7 @@ class _Multiplexer:
                 if stream.finished:
                     return
         finally:
-            self.queues.pop(request_id, None)
-            self.sent_on.pop(request_id, None)
+            self.pending.pop(request_id, None)
             if not stream.finished and self._reader is not None and not self._reader.done():
                 try:
                     await self.client.abort(request_id)
@@ -219,7 +218,7 @@ class _Multiplexer:
         for attempt in range(self.client.retries + 1):
             try:
                 await self._subscribe()
-                self.sent_on[msg.request_id] = self.subscriber_id
+                self.pending[msg.request_id] = (queue, self.subscriber_id)
                 while not queue.empty():        # the error of a subscription lost before
                     queue.get_nowait()
                 request = scheduler_pb2.SubmitRequest(subscriber_id=self.subscriber_id,
@@ -251,18 +250,17 @@ class _Multiplexer:
         try:
             while (step := await call.read()) is not grpc.aio.EOF:
                 for chunk in step.chunks:
-                    queue = self.queues.get(chunk.request_id)
-                    if queue is not None:
-                        queue.put_nowait(chunk)
+                    if chunk.request_id in self.pending:
+                        self.pending[chunk.request_id][0].put_nowait(chunk)
         except grpc.aio.AioRpcError as err:
             error = err
         except asyncio.CancelledError:
             error = ConnectionError("the client closed its subscription")
             raise
         finally:                # every request sent on this subscription ends with its error
-            for request_id, sent_on in list(self.sent_on.items()):
-                if sent_on == subscriber_id and request_id in self.queues:
-                    self.queues[request_id].put_nowait(error)
+            for queue, sent_on in self.pending.values():
+                if sent_on == subscriber_id:
+                    queue.put_nowait(error)
 
     async def close(self) -> None:
         if self._reader is not None:
