@@ -82,6 +82,13 @@ def chunk_from_output(out: RequestOutput, num_output_tokens: int,
     return chunk
 
 
+def error_chunk(request_id: str, message: str) -> common_pb2.TokenChunk:
+    """The last chunk of a request the engine could not go on with (it stopped)."""
+    return common_pb2.TokenChunk(
+        request_id=request_id, finished=True, finish_reason=common_pb2.FINISH_REASON_ERROR,
+        error=common_pb2.ErrorDetail(code=common_pb2.ERROR_CODE_UNAVAILABLE, message=message))
+
+
 PREDICTION_SOURCES = frozenset(common_pb2.PredictionSource.keys())
 
 

@@ -12,7 +12,7 @@ import logging
 import grpc
 
 from lenserve_contract.errors import InvalidRequestError
-from lenserve_contract.proto import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from lenserve_contract.proto import scheduler_pb2, scheduler_pb2_grpc
 from services import rpc
 from services.scheduler import convert
 from services.scheduler.async_engine import AsyncEngine, StepQueue
@@ -35,8 +35,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 yield convert.chunk_from_output(out, num_output_tokens, first)
                 first = False
         except InvalidRequestError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc),
-                                trailing_metadata=((rpc.FIELD_METADATA_KEY, exc.field),))
+            await _abort_invalid(context, str(exc), exc.field)
         except RuntimeError as exc:   # the engine stopped (shutdown or a bug in the loop)
             log.error("request %s failed: %s", request.request_id, exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
@@ -63,16 +62,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                                 f"no subscription {request.subscriber_id!r}: Subscribe first")
         request_id = request.request.request_id
         if not request_id or request_id in sub.counts:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"request_id {request_id!r} is empty or already running",
-                                trailing_metadata=((rpc.FIELD_METADATA_KEY, "request_id"),))
+            await _abort_invalid(context, f"request_id {request_id!r} is empty or already "
+                                          "running", "request_id")
         sub.counts[request_id] = None
         try:
             await self.engine.submit(sub.queue, **convert.request_from_pb(request.request))
         except InvalidRequestError as exc:
             sub.counts.pop(request_id, None)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc),
-                                trailing_metadata=((rpc.FIELD_METADATA_KEY, exc.field),))
+            await _abort_invalid(context, str(exc), exc.field)
         except RuntimeError as exc:   # the engine stopped
             sub.counts.pop(request_id, None)
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
@@ -89,6 +86,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return convert.stats_to_pb(await self.engine.stats())
 
 
+async def _abort_invalid(context, message: str, field: str) -> None:
+    """INVALID_ARGUMENT, naming the bad field in the trailing metadata for the client."""
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message,
+                        trailing_metadata=((rpc.FIELD_METADATA_KEY, field),))
+
+
 class _Subscription:
     """One client's multiplexed stream: its step queue and, per running request, the output
     tokens sent so far (None before its first chunk; a request runs on it from Submit to its
@@ -103,11 +106,7 @@ class _Subscription:
         for request_id, item in step:
             first = self.counts.get(request_id, 0) is None
             if isinstance(item, BaseException):       # the engine stopped
-                chunk = common_pb2.TokenChunk(
-                    request_id=request_id, finished=True,
-                    finish_reason=common_pb2.FINISH_REASON_ERROR,
-                    error=common_pb2.ErrorDetail(code=common_pb2.ERROR_CODE_UNAVAILABLE,
-                                                 message=str(item)))
+                chunk = convert.error_chunk(request_id, str(item))
             else:
                 count = (self.counts.get(request_id) or 0) + len(item.outputs[0].token_ids)
                 self.counts[request_id] = count
