@@ -17,11 +17,25 @@ class SearchMirror:
                  observed: np.ndarray | None = None):
         self.ids = list(ids)
         self.index = {pid: i for i, pid in enumerate(self.ids)}
-        self.vectors = _unit(np.asarray(vectors, np.float32).reshape(len(self.ids), -1)) \
+        rows = _unit(np.asarray(vectors, np.float32).reshape(len(self.ids), -1)) \
             if self.ids else np.zeros((0, 0), np.float32)
-        self.lengths = np.asarray(lengths, np.float32)
-        self.observed = np.zeros(len(self.ids), bool) if observed is None \
-            else np.asarray(observed, bool)
+        # Rows live in buffers with spare capacity: an observed batch appends a few rows to
+        # thousands, and copying them all on every append took ~1.5 ms a batch at 8,500 rows.
+        self._vectors, self._lengths, self._observed = rows, \
+            np.asarray(lengths, np.float32).reshape(-1), \
+            np.zeros(len(self.ids), bool) if observed is None else np.asarray(observed, bool)
+
+    @property
+    def vectors(self) -> np.ndarray:
+        return self._vectors[:len(self.ids)]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self._lengths[:len(self.ids)]
+
+    @property
+    def observed(self) -> np.ndarray:
+        return self._observed[:len(self.ids)]
 
     def apply(self, points) -> None:
         """Mirror upserted qdrant PointStructs (new points and merged ones)."""
@@ -30,8 +44,8 @@ class SearchMirror:
             pid, length = str(p.id), float(p.payload["length"])
             observed = bool(p.payload.get("observed"))
             if pid in self.index:
-                self.lengths[self.index[pid]] = length
-                self.observed[self.index[pid]] = observed
+                self._lengths[self.index[pid]] = length
+                self._observed[self.index[pid]] = observed
             else:
                 self.index[pid] = len(self.ids) + len(new_ids)
                 new_ids.append(pid)
@@ -39,11 +53,23 @@ class SearchMirror:
                 new_lens.append(length)
                 new_obs.append(observed)
         if new_ids:
+            self._append(np.stack(new_vecs), np.asarray(new_lens, np.float32),
+                         np.asarray(new_obs, bool))
             self.ids.extend(new_ids)
-            self.vectors = np.concatenate([self.vectors, np.stack(new_vecs)]) \
-                if len(self.vectors) else np.stack(new_vecs)
-            self.lengths = np.concatenate([self.lengths, np.asarray(new_lens, np.float32)])
-            self.observed = np.concatenate([self.observed, np.asarray(new_obs, bool)])
+
+    def _append(self, vecs: np.ndarray, lens: np.ndarray, obs: np.ndarray) -> None:
+        n, add = len(self.ids), len(vecs)
+        if n + add > len(self._lengths) or self._vectors.shape[-1] != vecs.shape[1]:
+            cap = max(2 * (n + add), 64)
+            grown = np.empty((cap, vecs.shape[1]), np.float32)
+            if n:
+                grown[:n] = self._vectors[:n]
+            self._vectors = grown
+            self._lengths = np.concatenate([self._lengths[:n], np.zeros(cap - n, np.float32)])
+            self._observed = np.concatenate([self._observed[:n], np.zeros(cap - n, bool)])
+        self._vectors[n:n + add] = vecs
+        self._lengths[n:n + add] = lens
+        self._observed[n:n + add] = obs
 
     def search(self, queries: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per query: (cosine scores best first, row indices); vectors are unit-norm."""
@@ -53,14 +79,12 @@ class SearchMirror:
         # spinning after each call, which stalled the encoder and the MLP sharing the cores
         # (measured 9 ms -> 1.8 ms for one prompt's search + MLP on 2 cores).
         q = torch.from_numpy(np.ascontiguousarray(_unit(np.asarray(queries, np.float32))))
-        scores = (q @ torch.from_numpy(self.vectors).T).numpy()
-        k = min(k, scores.shape[1])
-        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        top_scores = np.take_along_axis(scores, top, 1)
-        order = np.argsort(-top_scores, axis=1, kind="stable")
-        top = np.take_along_axis(top, order, 1)
-        return [(np.take_along_axis(scores[i:i + 1], top[i:i + 1], 1)[0], top[i])
-                for i in range(len(queries))]
+        scores = q @ torch.from_numpy(self.vectors).T
+        # torch's top-k, sorted best first: 0.2 ms for 32 queries over 8,500 rows, where
+        # numpy's argpartition + argsort took 2.5 ms.
+        top_scores, top = torch.topk(scores, min(k, scores.shape[1]), dim=1)
+        top_scores, top = top_scores.numpy(), top.numpy()
+        return [(top_scores[i], top[i]) for i in range(len(queries))]
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

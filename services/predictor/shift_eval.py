@@ -49,8 +49,8 @@ def run(data: ShiftData, config: PredictorConfig, metric, checkpoints=(100,),
     for stop in sorted({c for c in checkpoints if c < len(data.observe_prompts)}
                        | {len(data.observe_prompts)}):
         t0 = time.perf_counter()
-        _observe(predictor, data.observe_prompts[done:stop], data.observe_lengths[done:stop],
-                 start=done)
+        observe_in_batches(predictor, data.observe_prompts[done:stop],
+                           data.observe_lengths[done:stop], start=done)
         log.info("observed %d completions (%.0fs with retraining)", stop,
                  time.perf_counter() - t0)
         done = stop
@@ -64,7 +64,8 @@ def run(data: ShiftData, config: PredictorConfig, metric, checkpoints=(100,),
     return rows
 
 
-def _observe(predictor: Predictor, prompts, lengths, start: int = 0) -> None:
+def observe_in_batches(predictor: Predictor, prompts, lengths, start: int = 0) -> None:
+    """Served replies, BATCH at a time, with ids obs-<start + i> and ascending finish times."""
     for i in range(0, len(prompts), BATCH):
         recs = [Completion(EVAL_MODEL, p, int(n), f"obs-{start + i + j}",
                            finished_at=float(start + i + j + 1))

@@ -33,3 +33,25 @@ def test_empty_collection_searches_empty():
     [hit] = store.search("m", _unit(1, 8, 1), 3)
     assert len(hit.scores) == len(hit.lengths) == 1
     store.close()
+
+
+def test_search_stays_exact_as_many_small_batches_grow_the_copy():
+    # One observed batch at a time, as in service: the copy grows its buffers past their
+    # capacity several times, and merged points update lengths in place.
+    store = LengthStore(StoreConfig(), dim=8)
+    vecs = _unit(300, 8, 2)
+    store.upsert("m", vecs[:5], np.ones(5, np.float32), 0.0, observed=False)
+    queries = _unit(7, 8, 3)
+    store.search("m", queries, 6)
+    for i in range(5, 300, 3):
+        store.upsert("m", vecs[i:i + 3], np.full(3, i, np.float32), float(i))
+    store.upsert("m", vecs[:4], np.full(4, 500, np.float32), 400.0)  # merges, seeds observed
+    mine = store.search("m", queries, 6)
+    assert len(store._mirrors[next(iter(store._mirrors))].ids) == 300
+    store._mirrors = None
+    theirs = store.search("m", queries, 6)
+    for a, b in zip(mine, theirs):
+        np.testing.assert_allclose(a.scores, b.scores, atol=1e-5)
+        np.testing.assert_allclose(a.lengths, b.lengths)
+        np.testing.assert_array_equal(a.observed, b.observed)
+    store.close()
