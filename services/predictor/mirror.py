@@ -21,9 +21,11 @@ class SearchMirror:
             if self.ids else np.zeros((0, 0), np.float32)
         # Rows live in buffers with spare capacity: an observed batch appends a few rows to
         # thousands, and copying them all on every append took ~1.5 ms a batch at 8,500 rows.
-        self._vectors, self._lengths, self._observed = rows, \
-            np.asarray(lengths, np.float32).reshape(-1), \
-            np.zeros(len(self.ids), bool) if observed is None else np.asarray(observed, bool)
+        # The constructor fills them exactly; only _append grows them.
+        self._vectors = rows
+        self._lengths = np.asarray(lengths, np.float32).reshape(-1)
+        self._observed = np.zeros(len(self.ids), bool) if observed is None \
+            else np.asarray(observed, bool)
 
     @property
     def vectors(self) -> np.ndarray:
@@ -59,7 +61,7 @@ class SearchMirror:
 
     def _append(self, vecs: np.ndarray, lens: np.ndarray, obs: np.ndarray) -> None:
         n, add = len(self.ids), len(vecs)
-        if n + add > len(self._lengths) or self._vectors.shape[-1] != vecs.shape[1]:
+        if n + add > len(self._lengths):  # also an empty copy, whose (0, 0) rows have no width
             cap = max(2 * (n + add), 64)
             grown = np.empty((cap, vecs.shape[1]), np.float32)
             if n:
