@@ -185,3 +185,19 @@ def test_sarathi_evicts_a_prefilling_request_before_a_decode():
 def test_bad_options_are_refused(policy, option):
     with pytest.raises(ValueError):
         make_policy(policy, SchedulerConfig(num_gpu_blocks=64), [option])
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_fluidinfer_halves_the_wave_bound_only_where_copies_run_beside_the_compute(overlap):
+    # With a host tier whose copies overlap the compute, one half of the pool computes while
+    # the other is refilled, so attention runs in half-pool waves; where they cannot overlap
+    # (a CPU executor), the residents attend over the whole pool in one wave.
+    s = make_scheduler("fluidinfer", num_host_blocks=32, num_gpu_blocks=8, max_model_len=32,
+                       copies_overlap=overlap)
+    add(s, *(make_request(f"r{i}", 6, 4) for i in range(3)))    # 2 blocks each: 6 of 8
+    out, batch = step(s)
+    assert len(out.scheduled) == 3
+    if overlap:
+        assert out.waves is not None and len(out.waves) > 1 and batch.waves == out.waves
+    else:
+        assert out.waves is None
