@@ -15,8 +15,9 @@ half can be refilled while the other computes, and attention runs over the whole
 wave: on the real engine (opt-125m on a 2-core AMD EPYC, 64 blocks, ShareGPT at overload) two
 half-pool waves took 16% of an iteration against 12% for one, and output was 83-88 tok/s
 with one against 78-80 with two (two runs each, alternating). Where the copies run beside
-the compute (a GPU's copy engine), uploads are also issued one iteration ahead (``upload_ahead``, the report's proactive pipeline): an uploaded request sits
-out the iteration that starts its copy, which the engine then runs beside the copy instead of
+the compute (a GPU's copy engine), uploads are also issued one iteration ahead
+(``upload_ahead``, the report's proactive pipeline): an uploaded request sits out the
+iteration that starts its copy, which the engine then runs beside the copy instead of
 waiting for it, and joins the next; it is not offloaded again before it has run. Measured on
 the roofline (A100, Llama-2-7B, ShareGPT, 64 GiB host tier) this raises output throughput at
 overload by 14-23% over waiting for each upload. It can lose where the link, not compute, is
