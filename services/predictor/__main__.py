@@ -34,6 +34,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "32; with --finetune-epochs, the window to train, default 64)")
     g.add_argument("--precision", default="auto", choices=PRECISIONS,
                    help="encoder arithmetic (auto: bf16 on CPUs with native bf16, else fp32)")
+    g.add_argument("--padded-passes", action="store_true",
+                   help="run sentence-transformers' padded encoder passes instead of packing "
+                        "each batch's real tokens (same vectors, slower)")
     g.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch default)")
     g.add_argument("--top-k", type=int, default=8)
     g.add_argument("--similarity-threshold", type=float, default=0.8, help="ALISE s0")
@@ -66,7 +69,7 @@ def resolve_encoder(args) -> str | None:
 def config_from_args(args) -> PredictorConfig:
     return PredictorConfig(
         embedder=EmbedderConfig(resolve_encoder(args), args.max_seq_length,
-                                num_threads=args.threads,
+                                num_threads=args.threads, packed=not args.padded_passes,
                                 precision=args.precision, tail_chars=args.tail_chars),
         mlp=MLPConfig(ensemble=args.mlp_ensemble), blend_width=args.blend_width,
         store=StoreConfig(qdrant_path=args.qdrant_path, qdrant_url=args.qdrant_url,

@@ -16,6 +16,7 @@ from collections import OrderedDict
 import numpy as np
 
 from services.predictor.config import EmbedderConfig
+from services.predictor.packed_encoder import PackedBert
 
 _MODELS: dict[tuple[str, str, int, str], object] = {}
 _LOAD_LOCK = threading.Lock()
@@ -121,9 +122,10 @@ class Embedder:
             torch.set_num_threads(config.num_threads)
         self.precision = resolve_precision(config.precision)
         self._model = _load(self.path, self.encoder_id, self.max_seq_length, self.precision)
+        self._packed = PackedBert.wrap(self._model) if config.packed else None
         self.cache = _shared_cache((self.path, self.encoder_id, self.max_seq_length,
-                                    self.precision, config.tail_chars, max_prompt_chars),
-                                   config.cache_size)
+                                    self.precision, config.tail_chars, max_prompt_chars,
+                                    self.packed), config.cache_size)
 
     @property
     def encoder_dim(self) -> int:
@@ -138,6 +140,11 @@ class Embedder:
     @property
     def model(self):
         return self._model
+
+    @property
+    def packed(self) -> bool:
+        """Whether passes run on real tokens only (packed_encoder.py), not padded ones."""
+        return self._packed is not None
 
     def encode(self, prompts: list[str], cache: bool = False) -> np.ndarray:
         """(n, dim) float32, L2-normalised so a dot product is the cosine similarity.
@@ -167,9 +174,10 @@ class Embedder:
         tail = self.config.tail_chars
         # A prompt no longer than the tail is its own tail: encode it once (most chat prompts).
         long = [i for i, p in enumerate(prompts) if tail > 0 and p[-tail:] != heads[i]]
-        out = self._model.encode(
-            heads + [prompts[i][-tail:] for i in long], batch_size=self.config.batch_size,
-            convert_to_tensor=True, show_progress_bar=False)
+        texts = heads + [prompts[i][-tail:] for i in long]
+        out = self._packed.encode(texts) if self._packed is not None else self._model.encode(
+            texts, batch_size=self.config.batch_size, convert_to_tensor=True,
+            show_progress_bar=False)
         # Normalised in float32 whatever the encoder ran in, so a prompt meets itself at 1.0.
         vecs = out.float().numpy()
         vecs /= np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)

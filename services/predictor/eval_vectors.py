@@ -74,7 +74,7 @@ def identity(embedder: Embedder) -> str:
     c = embedder.config
     return "|".join(map(str, (embedder.encoder_id, os.path.realpath(embedder.path),
                               embedder.max_seq_length, embedder.precision, c.tail_chars,
-                              embedder.max_prompt_chars)))
+                              embedder.max_prompt_chars, embedder.packed)))
 
 
 class _Remembering:

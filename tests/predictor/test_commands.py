@@ -2,6 +2,7 @@ import argparse
 import logging
 import os
 
+import numpy as np
 import pytest
 
 from lenserve.commands import predictor as cmd
@@ -133,6 +134,13 @@ def test_build_with_finetune_leaves_the_encoder_that_serve_uses(tmp_path, capsys
     # The window and depth it was trained with, without being told again.
     assert emb.max_seq_length == 16
     assert emb.model[0].auto_model.config.num_hidden_layers == 2
+    # The fine-tune keeps the layout the packed passes apply to; --padded-passes opts out.
+    padded = config_from_args(_parse(["predictor", "serve", "--qdrant-path", db,
+                                      "--padded-passes"]))
+    assert emb.packed and not Embedder(padded.embedder).packed
+    prompts = ["Name three primes.", "Write a long story about a lighthouse keeper " * 4, ""]
+    np.testing.assert_allclose(emb.encode(prompts), Embedder(padded.embedder).encode(prompts),
+                               atol=2e-6)
     # The stock encoder must not serve vectors another encoder made.
     stock = _parse(["predictor", "serve", "--qdrant-path", db, "--encoder",
                     Embedder().path, "--port", "0"])
