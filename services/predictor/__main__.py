@@ -35,8 +35,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", default="auto", choices=PRECISIONS,
                    help="encoder arithmetic (auto: bf16 on CPUs with native bf16, else fp32)")
     g.add_argument("--padded-passes", action="store_true",
-                   help="run sentence-transformers' padded encoder passes instead of packing "
-                        "each batch's real tokens (same vectors, slower)")
+                   help="run the encoder on padded batches, as sentence-transformers and "
+                        "transformers do, instead of on each batch's real tokens only (the "
+                        "same vectors, slower; fine-tuning too)")
     g.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch default)")
     g.add_argument("--top-k", type=int, default=8)
     g.add_argument("--similarity-threshold", type=float, default=0.8, help="ALISE s0")
@@ -291,7 +292,8 @@ def finetune_config(args):
     # The base is --encoder when given, never an earlier fine-tune found beside the DB.
     return ProxyConfig(encoder_path=args.encoder, epochs=args.finetune_epochs,
                        max_seq_length=args.max_seq_length or DEFAULT_WINDOW,
-                       num_layers=args.finetune_layers, seed=args.seed)
+                       num_layers=args.finetune_layers, seed=args.seed,
+                       packed=not args.padded_passes)
 
 
 def add_finetune_args(p: argparse.ArgumentParser, epochs: int | None, what: str) -> None:

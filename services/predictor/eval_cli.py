@@ -31,7 +31,8 @@ def evaluate(args) -> int:
     train, test, tokenizer = load_split(args)
     data = ev.prepare(train, test, tokenizer)
     config = dataclasses.replace(config_from_args(args), store=StoreConfig(), retrain_every=0)
-    proxy = ProxyConfig(encoder_path=args.encoder, epochs=args.proxy_epochs)
+    proxy = ProxyConfig(encoder_path=args.encoder, epochs=args.proxy_epochs,
+                        packed=not args.padded_passes)
     finetune = finetune_config(args) if args.finetune_epochs > 0 else None
     vectors = VectorReuse(args.vector_cache)
     rows = ev.run(data, config, proxy, args.bucket_width, args.num_buckets,

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from services.predictor.packed_encoder import mean_pooled, packable
+
 log = logging.getLogger(__name__)
 # Progress lines per epoch while fine-tuning (minutes per epoch on a CPU).
 PROGRESS_LINES = 10
@@ -28,6 +30,8 @@ class ProxyConfig:
     # Keep only the encoder's first this many transformer layers (0 = all): a fine-tuned
     # shallower encoder reads a longer window for the same cost per prompt.
     num_layers: int = 0
+    # Run a BERT encoder on each batch's real tokens only (False: padded, as transformers does).
+    packed: bool = True
 
 
 class ProxyRegressor(nn.Module):
@@ -44,13 +48,20 @@ class ProxyRegressor(nn.Module):
         if config.num_layers:
             truncate_layers(self.encoder, config.num_layers)
         self.head = nn.Linear(self.encoder.config.hidden_size, 1)
+        # A BERT runs packed (packed_encoder.py): the dense layers on the batch's real tokens
+        # only, in training (with dropout) as in prediction; other encoders run padded.
+        self.packed = config.packed and packable(self.encoder)
 
     def forward(self, prompts: list[str]) -> torch.Tensor:
         batch = self.tokenizer(prompts, padding=True, truncation=True,
                                max_length=self.config.max_seq_length, return_tensors="pt")
-        hidden = self.encoder(**batch).last_hidden_state
-        mask = batch["attention_mask"].unsqueeze(-1).float()
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        if self.packed:
+            pooled = mean_pooled(self.encoder, batch["input_ids"], batch["attention_mask"],
+                                 batch.get("token_type_ids"))
+        else:
+            hidden = self.encoder(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).float()
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         return self.head(pooled).squeeze(-1)
 
     def fit(self, prompts: list[str], lengths: list[int]) -> ProxyRegressor:

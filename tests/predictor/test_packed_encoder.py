@@ -77,3 +77,31 @@ def test_other_layouts_keep_sentence_transformers_passes(fp32):
     assert PackedBert.wrap(cls) is None
     assert PackedBert.wrap(SentenceTransformer(modules=[base[0], base[1]], device="cpu")) is None
     assert PackedBert.wrap(object()) is None
+
+
+def test_the_fine_tune_trains_packed_with_the_padded_gradients_and_dropout():
+    import torch
+
+    from services.predictor.proxy import ProxyConfig, ProxyRegressor
+
+    model = ProxyRegressor(ProxyConfig(max_seq_length=16, num_layers=2))
+    assert model.packed
+    torch.nn.init.normal_(model.head.weight, std=0.1)
+    params = [model.encoder.encoder.layer[0].attention.self.query.weight,
+              model.encoder.embeddings.word_embeddings.weight, model.head.weight]
+
+    def grads(packed):
+        model.packed = packed
+        loss = model(PROMPTS).square().sum()
+        return loss, torch.autograd.grad(loss, params)
+
+    model.eval()                                    # no dropout: the two paths agree
+    (loss, got), (want_loss, want) = grads(True), grads(False)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    model.train()                                   # dropout on, packed as in `fit`
+    model.packed = True
+    torch.manual_seed(0)
+    first = model(PROMPTS)
+    assert not torch.allclose(first, model(PROMPTS))
