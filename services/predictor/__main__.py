@@ -19,7 +19,10 @@ log = logging.getLogger("lenserve.predictor")
 DEFAULT_PORT = 50053  # documented default; override with --port or LENSERVE_PREDICTOR_PORT
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
+def add_common(p: argparse.ArgumentParser, threads: int = 0) -> None:
+    """Flags every predictor command shares; `threads` is the --threads default: 1 for the
+    service (it shares its host with the other services, where one thread per call beats
+    threads spinning on stolen cores), 0 (every core) for the offline build and eval."""
     g = p.add_argument_group("predictor")
     g.add_argument("--qdrant-path", default=os.environ.get("LENSERVE_QDRANT_PATH", ":memory:"),
                    help="embedded Qdrant: ':memory:' or a directory that persists")
@@ -38,7 +41,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="run the encoder on padded batches, as sentence-transformers and "
                         "transformers do, instead of on each batch's real tokens only (the "
                         "same vectors, slower; fine-tuning too)")
-    g.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch default)")
+    g.add_argument("--threads", type=int, default=threads,
+                   help=f"torch threads (0 = torch's default, every core; default {threads})")
     g.add_argument("--top-k", type=int, default=8)
     g.add_argument("--similarity-threshold", type=float, default=0.8, help="ALISE s0")
     g.add_argument("--blend-width", type=float, default=0.1,
@@ -103,7 +107,7 @@ def load_or_train_mlps(predictor) -> None:
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    add_common(p)
+    add_common(p, threads=1)
     # Loopback unless told otherwise: exposing the service is a deployment decision.
     p.add_argument("--host", default=os.environ.get("LENSERVE_PREDICTOR_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int,

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lenserve.commands import predictor as cmd
+from services.predictor.__main__ import config_from_args as cmd_config
 from services.predictor.__main__ import mlp_path
 from services.predictor.config import StoreConfig
 from services.predictor.store import LengthStore
@@ -75,6 +76,18 @@ def test_build_fine_tunes_the_encoder_by_default_with_enough_records(argv, recor
     args = _parse(["predictor", "build", "--dataset-name", "sharegpt", "--dataset-path", "x",
                    "--qdrant-path", "/tmp/db", *argv])
     assert build_finetune_epochs(args, records) == epochs
+
+
+@pytest.mark.parametrize("command, threads", [
+    (["serve"], 1),  # shares its host with the other services
+    (["build", "--dataset-name", "sharegpt", "--dataset-path", "x"], 0),  # every core
+    (["eval", "--dataset-name", "sharegpt", "--dataset-path", "x"], 0),
+    (["build", "--dataset-name", "sharegpt", "--dataset-path", "x", "--threads", "2"], 2),
+])
+def test_offline_commands_use_every_core_and_the_service_one_thread(command, threads):
+    args = _parse(["predictor", *command])
+    assert args.threads == threads
+    assert cmd_config(args).embedder.num_threads == threads
 
 
 def test_a_file_of_the_other_format_is_named_with_the_fix(capsys):
