@@ -40,8 +40,8 @@ def main() -> None:
                    help="a sentence-transformers directory, e.g. one `predictor build` "
                         "fine-tuned (default: stock MiniLM)")
     p.add_argument("--threads", type=int, default=0,
-                   help="torch threads (0: torch's default, one per core; the predictor's "
-                        "CLI defaults to 1)")
+                   help="torch threads (0: torch's default, one per core, as the predictor's "
+                        "build and eval; its service defaults to 1)")
     p.add_argument("--padded-passes", action="store_true",
                    help="sentence-transformers' padded encoder passes (the predictor's flag)")
     p.add_argument("--compare-passes", action="store_true",

@@ -34,6 +34,7 @@ from lenserve.workloads import (
 )
 from lenserve.workloads.arrivals import check_rate
 from lenserve.workloads.token_cache import LazyTokenizer, TokenCache, default_cache_dir
+from services.hardware import DTYPE_AUTO_HELP
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--hf-batch-size", type=int, default=8, help="requests per hf-static batch")
     p.add_argument("--device", default="cpu",
                    help="where lenserve and the hf-* backends run: cpu, cuda[:N]")
-    p.add_argument("--dtype", default="auto", help="auto: bfloat16 on a GPU, float32 on a CPU")
+    p.add_argument("--dtype", default="auto", help=DTYPE_AUTO_HELP)
     add_engine_arguments(p)
     p.set_defaults(func=run_bench)
 

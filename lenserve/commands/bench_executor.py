@@ -20,6 +20,7 @@ import torch
 
 from lenserve_contract.sampling_params import SamplingParams
 from services.executor.attention.registry import BACKEND_CHOICES, resolve_backend
+from services.hardware import DTYPE_AUTO_HELP
 from services.executor.types import ExecutorInput, ScheduledSequence
 
 if TYPE_CHECKING:   # the model code imports transformers' models: only when this command runs
@@ -40,7 +41,7 @@ def register(subparsers) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", default="auto",
-                   help="auto: bfloat16 on a GPU, float32 on a CPU")
+                   help=DTYPE_AUTO_HELP)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU intra-op threads (default: torch's); 1 avoids thread thrash on a "

@@ -13,6 +13,7 @@ from lenserve.commands.engine_args import add_engine_arguments, engine_options
 from lenserve_contract.outputs import RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
 from services.executor.attention.registry import BACKEND_CHOICES
+from services.hardware import DTYPE_AUTO_HELP
 
 
 def register(subparsers) -> None:
@@ -36,7 +37,7 @@ def register(subparsers) -> None:
     p.add_argument("--attention-backend", default="auto", choices=BACKEND_CHOICES,
                    help="auto: triton on CUDA, the C++ kernel (cpu) on a CPU, else torch")
     p.add_argument("--dtype", default="auto",
-                   help="auto: bfloat16 on a GPU, float32 on a CPU")
+                   help=DTYPE_AUTO_HELP)
     p.add_argument("--device", default="cpu")
     add_engine_arguments(p)
     p.set_defaults(func=run)

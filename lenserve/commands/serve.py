@@ -13,6 +13,7 @@ import sys
 from gateway.config import add_gateway_arguments, gateway_config
 from lenserve.commands.engine_args import add_engine_arguments, engine_options
 from services.executor.attention.registry import BACKEND_CHOICES
+from services.hardware import DTYPE_AUTO_HELP
 
 
 def register(subparsers) -> None:
@@ -26,7 +27,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--attention-backend", default="auto", choices=BACKEND_CHOICES)
     p.add_argument("--dtype", default="auto",
-                   help="auto: bfloat16 on a GPU, float32 on a CPU")
+                   help=DTYPE_AUTO_HELP)
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])

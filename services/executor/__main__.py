@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 
 from services.executor.factory import ExecutorConfig
+from services.hardware import DTYPE_AUTO_HELP
 
 log = logging.getLogger("lenserve.executor")
 DEFAULT_PORT = 50052  # documented default; override with --port or LENSERVE_EXECUTOR_PORT
@@ -33,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--dtype", default="auto",
-                   help="auto: bfloat16 on a GPU, float32 on a CPU")
+                   help=DTYPE_AUTO_HELP)
     p.add_argument("--enforce-eager", action="store_true",
                    help="run decode iterations eagerly instead of replaying CUDA graphs")
     p.add_argument("--device", default="cpu")

@@ -15,6 +15,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from services.hardware import cpu_has_native_bf16
 from services.predictor.config import EmbedderConfig
 from services.predictor.packed_encoder import PackedBert
 
@@ -62,15 +63,6 @@ def trained_window(path: str) -> int:
 
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
-
-
-def cpu_has_native_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_precision(precision: str) -> str:

@@ -10,6 +10,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from services.hardware import DTYPE_AUTO_HELP
 from services.scheduler.engine_args import add_engine_arguments, engine_options
 from services.scheduler.wiring import EngineConfig
 
@@ -58,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--dtype", default="auto",
-                   help="auto: bfloat16 on a GPU, float32 on a CPU")
+                   help=DTYPE_AUTO_HELP)
     p.add_argument("--device", default="cpu")
     add_engine_arguments(p)
     p.set_defaults(predictor=env("LENSERVE_PREDICTOR", "none"))

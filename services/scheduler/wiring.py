@@ -26,7 +26,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     enable_chunked_prefill: bool = True
     attention_backend: str = "auto"
-    dtype: str = "auto"                       # bfloat16 on a GPU, float32 on a CPU
+    dtype: str = "auto"                       # services.hardware.DTYPE_AUTO_HELP
     device: str = "cpu"
     enforce_eager: bool = False               # no CUDA graphs for decode
     max_model_len: int | None = None

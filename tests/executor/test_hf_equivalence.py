@@ -78,6 +78,30 @@ def test_attention_waves_give_the_same_tokens(checkpoint):
     assert outputs == expected
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_bfloat16_on_cpu_follows_hf_to_bf16_rounding(checkpoint, backend):
+    """bf16 is the "auto" dtype on CPUs with native bf16, where no two implementations round
+    alike: at every step of our greedy output, the token we chose must be HF's bf16 argmax or
+    tie with it to a few bf16 steps of the logit (HF's own logits, fed our tokens so far)."""
+    loaded, prompts, _ = checkpoint
+    path = str(loaded.hf_config._name_or_path)
+    hf, ours = build_hf_model(path, dtype="bfloat16"), load_model(path, dtype="bfloat16")
+    executor = InProcessExecutor(ours, block_size=BLOCK_SIZE, num_gpu_blocks=40,
+                                 attention_backend=backend)
+    assert executor.kv.cache.dtype == torch.bfloat16
+    outputs, _ = serve(executor, prompts, max_tokens=MAX_TOKENS, token_budget=64)
+    exact = steps = 0
+    for prompt, got in zip(prompts, outputs):
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + got])).logits[0, len(prompt) - 1:].float()
+        for step, token in enumerate(got):
+            gap = float(logits[step].max() - logits[step, token])
+            assert gap <= 0.05, f"prompt of {len(prompt)} tokens, step {step}: {gap:.3f} behind"
+            exact += gap == 0.0
+            steps += 1
+    assert exact >= 0.9 * steps
+
+
 @pytest.mark.parametrize("preset", ["opt-tiny", "llama-tiny"])
 def test_presets_agree_with_their_hf_models(preset):
     hf, loaded = build_hf_model(preset, seed=3), load_model(preset, seed=3)

@@ -75,6 +75,17 @@ def test_unknown_dtype_is_refused():
         load_model("opt-tiny", dtype="float8")
 
 
+@pytest.mark.parametrize("native_bf16, want", [(True, torch.bfloat16), (False, torch.float32)])
+def test_auto_dtype_is_bf16_only_on_cpus_that_compute_it_natively(monkeypatch, native_bf16, want):
+    from services.executor.models import loader
+
+    monkeypatch.setattr(loader, "cpu_has_native_bf16", lambda: native_bf16)
+    assert loader.resolve_dtype("auto", "cuda") == "bfloat16"
+    assert loader.resolve_dtype("float32", "cpu") == "float32"   # an explicit choice stays
+    loaded = load_model("opt-tiny", dtype="auto")
+    assert loaded.dtype == want and next(loaded.model.parameters()).dtype == want
+
+
 def test_checkpoint_without_tokenizer_files_loads_without_a_tokenizer(tmp_path):
     path = write_checkpoint(tmp_path, "llama", tokenizer=False)
     tokenizer = load_model(str(path)).tokenizer

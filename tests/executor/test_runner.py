@@ -75,12 +75,15 @@ def test_model_info_describes_model_and_pool(executor):
     info = executor.model_info()
     assert (info.family, info.num_heads, info.num_kv_heads, info.head_dim) == ("llama", 4, 2, 16)
     assert (info.block_size, info.num_gpu_blocks, info.max_model_len) == (4, 32, 64)
-    assert info.bytes_per_block == 2 * 2 * 4 * 2 * 16 * 4 and info.eos_token_id == 102
+    # layers * (K, V) * block_size * kv_heads * head_dim * element ("auto": bf16 or fp32 here)
+    element = torch.empty(0, dtype=getattr(torch, info.dtype)).element_size()
+    assert info.bytes_per_block == 2 * 2 * 4 * 2 * 16 * element and info.eos_token_id == 102
 
 
 def test_pool_size_follows_the_memory_budget():
     per_block = 2 * 2 * 16 * 64 * 4  # layers * (K, V) * block_size * hidden * float32
-    ex = InProcessExecutor("opt-tiny", block_size=16, kv_cache_memory_bytes=10 * per_block + 1)
+    ex = InProcessExecutor("opt-tiny", block_size=16, kv_cache_memory_bytes=10 * per_block + 1,
+                           dtype="float32")
     assert ex.kv.num_blocks == 10
     with pytest.raises(InvalidRequestError, match="max_model_len"):
         InProcessExecutor(ex.loaded, max_model_len=10**6)

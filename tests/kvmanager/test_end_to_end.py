@@ -55,8 +55,8 @@ def swap_round_trip(executor, manager, alloc, table: list[int], num_tokens: int)
     manager.swap_out("r", table, num_tokens).wait()
     new_table = alloc.allocate(len(table))      # the old blocks are still taken: all different
     cache = executor.kv.cache
-    cache[:, :, table] = torch.randn(cache[:, :, table].shape) * 100
-    cache[:, :, new_table] = torch.randn(cache[:, :, new_table].shape) * 100
+    cache[:, :, table] = torch.randn(cache[:, :, table].shape, dtype=cache.dtype) * 100
+    cache[:, :, new_table] = torch.randn(cache[:, :, new_table].shape, dtype=cache.dtype) * 100
     manager.swap_in("r", new_table).wait()
     manager.check_integrity()
     return new_table

@@ -184,7 +184,8 @@ def test_db_of_another_vector_width_is_refused(tmp_path, embedder):
 
 
 def test_encoder_precision_is_resolved_and_checked():
-    from services.predictor.embedder import cpu_has_native_bf16, resolve_precision
+    from services.hardware import cpu_has_native_bf16
+    from services.predictor.embedder import resolve_precision
 
     assert resolve_precision("auto") == ("bf16" if cpu_has_native_bf16() else "fp32")
     assert resolve_precision("int8") == "int8"

@@ -17,6 +17,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from lenserve_contract.sampling_params import InvalidRequestError
+from services.hardware import cpu_has_native_bf16
 from services.executor.models.llama import LlamaForCausalLM
 from services.executor.models.naming import (  # noqa: F401 - re-exported
     ModelNotFoundError,
@@ -66,10 +67,16 @@ class LoadedModel:
 
 
 def resolve_dtype(name: str, device: str | torch.device = "cpu") -> str:
-    """``auto``: bfloat16 on a GPU, float32 on a CPU (where half types are slow)."""
+    """``auto``: bfloat16 on a GPU and on a CPU with native bf16 arithmetic, float32 on
+    other CPUs, where torch emulates bf16 more slowly than it runs fp32. On a 2-core AMD
+    EPYC (Zen 4, AVX512-BF16), opt-125m in bf16 ran 200 ShareGPT requests at once at 1.80-2.04x
+    the fp32 output rate, and light load at 0.34-0.39x its time per output token
+    (README, "Measured on a 2-core CPU")."""
     if name != "auto":
         return name
-    return "bfloat16" if torch.device(device).type == "cuda" else "float32"
+    if torch.device(device).type == "cuda":
+        return "bfloat16"
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
 
 
 def torch_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
