@@ -12,7 +12,7 @@ DTYPE_AUTO_HELP = ("auto: bfloat16 on a GPU or on a CPU with native bf16 arithme
 @functools.lru_cache(maxsize=1)
 def cpu_has_native_bf16() -> bool:
     """True where the CPU multiplies bf16 in hardware (AVX512-BF16 or AMX), so that bf16
-    matrix products beat fp32 ones; elsewhere torch emulates bf16, slower than fp32."""
+    matrix products can beat fp32 ones; elsewhere bf16 operands are converted to fp32."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith("flags")), "").split()

@@ -20,8 +20,8 @@ import torch
 
 from lenserve_contract.sampling_params import SamplingParams
 from services.executor.attention.registry import BACKEND_CHOICES, resolve_backend
-from services.hardware import DTYPE_AUTO_HELP
 from services.executor.types import ExecutorInput, ScheduledSequence
+from services.hardware import DTYPE_AUTO_HELP
 
 if TYPE_CHECKING:   # the model code imports transformers' models: only when this command runs
     from services.executor.models.loader import LoadedModel

@@ -32,7 +32,8 @@ class BackendOptions:
     max_model_len: int | None = None
     swap_space_gib: float = 0.0
     kv_int8: bool = False
-    # Where lenserve and the hf-* backends run, in which dtype ("auto": bfloat16 on a GPU or a CPU with native bf16).
+    # Where lenserve and the hf-* backends run, in which dtype ("auto": bfloat16 on a GPU or
+    # on a CPU with native bf16).
     device: str = "cpu"
     dtype: str = "auto"
     enforce_eager: bool = False

@@ -17,7 +17,6 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from lenserve_contract.sampling_params import InvalidRequestError
-from services.hardware import cpu_has_native_bf16
 from services.executor.models.llama import LlamaForCausalLM
 from services.executor.models.naming import (  # noqa: F401 - re-exported
     ModelNotFoundError,
@@ -26,6 +25,7 @@ from services.executor.models.naming import (  # noqa: F401 - re-exported
 )
 from services.executor.models.opt import OPTForCausalLM
 from services.executor.models.presets import PRESETS
+from services.hardware import cpu_has_native_bf16
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class LoadedModel:
 
 def resolve_dtype(name: str, device: str | torch.device = "cpu") -> str:
     """``auto``: bfloat16 on a GPU and on a CPU with native bf16 arithmetic, float32 on
-    other CPUs, where torch emulates bf16 more slowly than it runs fp32. On a 2-core AMD
+    other CPUs, which would convert every bf16 operand to fp32. On a 2-core AMD
     EPYC (Zen 4, AVX512-BF16), opt-125m in bf16 ran 200 ShareGPT requests at once at 1.80-2.04x
     the fp32 output rate, and light load at 0.34-0.39x its time per output token
     (README, "Measured on a 2-core CPU")."""
