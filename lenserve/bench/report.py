@@ -97,7 +97,8 @@ def write_json(path: str | Path, config: dict, results: list[dict], runs: Sequen
     """The config, each run's summary, and each run's per-request records, one per line:
     indenting every token time made large runs' files long and slow to write."""
     marker = f"@requests-{uuid.uuid4().hex}@"
-    entries = [{**result, "profile": run.profile.as_dict() if run.profile else None,
+    entries = [{**result, "setup": run.setup,
+                "profile": run.profile.as_dict() if run.profile else None,
                 "requests": marker} for result, run in zip(results, runs)]
     head = json.dumps(_plain({"config": config, "runs": entries}), indent=1, default=str)
     parts = head.split(json.dumps(marker))

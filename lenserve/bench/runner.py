@@ -39,6 +39,7 @@ class BackendRun:
     records: list[RequestRecord]
     profile: object | None = None   # the backend's StepProfile over this run, if it keeps one
     stats: dict | None = None       # engine counters over the run (num_preemptions), if known
+    setup: dict | None = None       # what the backend resolved (Backend.describe), if anything
 
 
 def replay(backend: Backend, workload: Workload, config: RunnerConfig = RunnerConfig(),
@@ -61,7 +62,8 @@ def replay(backend: Backend, workload: Workload, config: RunnerConfig = RunnerCo
     records = sorted((r.shifted(start) for r in done), key=lambda r: order.get(r.request_id, 0))
     after = backend.profile()
     profile = after.since(before) if after is not None and before is not None else None
-    return BackendRun(backend.name, request_rate, duration, records, profile)
+    return BackendRun(backend.name, request_rate, duration, records, profile,
+                      setup=backend.describe() or None)
 
 
 def _submit_due(backend: Backend, pending: deque[BenchRequest], start: float) -> None:

@@ -149,8 +149,9 @@ def run_backend(spec: BackendSpec, options: BackendOptions, workloads: list[Work
                 backend.start()
                 warm_up(backend, w, runner)
                 if not runs:
-                    print(f"{spec.text}: ready in {time.monotonic() - began:.1f}s",
-                          file=sys.stderr)
+                    setup = ", ".join(f"{k} {v}" for k, v in backend.describe().items())
+                    print(f"{spec.text}: ready in {time.monotonic() - began:.1f}s"
+                          + (f" ({setup})" if setup else ""), file=sys.stderr)
             runs.append(replay(backend, w, runner, rate))
         return runs
     finally:

@@ -25,13 +25,20 @@ def test_bench_prints_the_table_and_writes_json(tmp_path, capsys):
     args = parse("--backends", "lenserve:vllm,lenserve:orca", *FAST, "--request-rate", "50",
                  "--goodput", "e2el:60000", "--result-json", str(out))
     assert bench.run_bench(args) == 0
-    table = capsys.readouterr().out
+    captured = capsys.readouterr()
+    table = captured.out
     assert "lenserve:vllm" in table and "lenserve:orca" in table and "Goodput" in table
     data = json.loads(out.read_text())
     assert [r["backend"] for r in data["runs"]] == ["lenserve:vllm", "lenserve:orca"]
     for entry in data["runs"]:
         assert entry["summary"]["completed"] == 4 and entry["summary"]["length_mismatches"] == 0
         assert len(entry["requests"]) == 4
+        # What "auto" resolved to on this machine, in the JSON and on stderr.
+        setup = entry["setup"]
+        assert setup["model"] == "fake" and setup["dtype"] and setup["attention"]
+        assert (f"{entry['backend']}: ready in" in captured.err
+                and f"(model fake, dtype {setup['dtype']}, attention {setup['attention']})"
+                in captured.err)
 
 
 def test_sweep_runs_every_rate_and_draws_the_figure(tmp_path):

@@ -86,6 +86,11 @@ class Backend(ABC):
         """A cumulative ``StepProfile`` of where the backend's time went, if it keeps one."""
         return
 
+    def describe(self) -> dict:
+        """What the started backend resolved its defaults to (``dtype`` "auto" depends on the
+        machine), for the report and the result JSON; {} if it has nothing to add."""
+        return {}
+
     def unique_key(self, request: BenchRequest) -> str:
         # Request ids repeat across the runs of a sweep and the warm-up; backends that keep
         # state by id get a fresh key per submission.

@@ -105,6 +105,12 @@ class LenserveBackend(Backend):
     def profile(self):
         return getattr(self.engine, "profile", None)
 
+    def describe(self) -> dict:
+        info = getattr(self.engine, "model_info", None)
+        if info is None:
+            return {}
+        return {"model": info.name, "dtype": info.dtype, "attention": info.attention_backend}
+
     def _observe(self, out: RequestOutput, now: float) -> None:
         flight = self._inflight.get(out.request_id)
         if flight is None:
