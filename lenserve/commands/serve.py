@@ -57,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(engine, config, tokenizer=engine.engine.tokenizer)
     server = make_server(app, args.log_level)
     auth = "API key required" if config.api_keys else "open, no API key"
-    print(f"lenserve serving {config.served_model_name} at {url_of(sock)}/v1 ({auth}); "
-          "Ctrl-C stops", file=sys.stderr, flush=True)
+    info = engine.engine.model_info
+    print(f"lenserve serving {config.served_model_name} ({info.dtype}) at {url_of(sock)}/v1 "
+          f"({auth}); Ctrl-C stops", file=sys.stderr, flush=True)
     try:
         server.run(sockets=[sock])       # uvicorn handles Ctrl-C: drains, then returns
     finally:

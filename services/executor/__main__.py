@@ -65,8 +65,8 @@ async def serve_async(config: ExecutorServiceConfig) -> int:
     await server.start()
     await mark_serving(server)
     info = executor.model_info()
-    log.info("executor serving %s (%d blocks of %d tokens) on %s:%d", info.name,
-             info.num_gpu_blocks, info.block_size, config.host, port)
+    log.info("executor serving %s (%s, %d blocks of %d tokens) on %s:%d", info.name,
+             info.dtype, info.num_gpu_blocks, info.block_size, config.host, port)
     await rpc.wait_for_signal()
     await server.stop(grace=config.grace_s)
     servicer.close()

@@ -33,6 +33,8 @@ def test_serve_fake_model_then_ctrl_c(tmp_path):
     text = log.read_text()
     assert rc in (0, 130) and "Traceback" not in text, text
     assert "API key required" in text
+    # The dtype the model runs in; the model-free executor keeps its KV as int64 token ids.
+    assert "lenserve serving fake (int64) at http" in text, text
 
 
 def wait_for_url(log: Path, proc: subprocess.Popen, timeout_s: float = 120) -> str:
