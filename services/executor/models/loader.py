@@ -74,9 +74,8 @@ def resolve_dtype(name: str, device: str | torch.device = "cpu") -> str:
     (README, "Measured on a 2-core CPU")."""
     if name != "auto":
         return name
-    if torch.device(device).type == "cuda":
-        return "bfloat16"
-    return "bfloat16" if cpu_has_native_bf16() else "float32"
+    native = torch.device(device).type == "cuda" or cpu_has_native_bf16()
+    return "bfloat16" if native else "float32"
 
 
 def torch_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
