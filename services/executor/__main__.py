@@ -58,10 +58,14 @@ def config_from_args(args: argparse.Namespace) -> ExecutorServiceConfig:
 async def serve_async(config: ExecutorServiceConfig) -> int:
     from services import rpc
     from services.executor.factory import build_executor
-    from services.executor.servicer import build_server, mark_serving
+    from services.executor.servicer import build_server, compute_thread, mark_serving
+    from services.hardware import keep_torch_single_threaded
 
-    executor = build_executor(config.executor)
-    server, port, servicer = build_server(executor, f"{config.host}:{config.port}")
+    keep_torch_single_threaded()        # the event loop's thread only converts messages
+    worker = compute_thread()
+    executor = await asyncio.get_running_loop().run_in_executor(worker, build_executor,
+                                                                config.executor)
+    server, port, servicer = build_server(executor, f"{config.host}:{config.port}", worker)
     await server.start()
     await mark_serving(server)
     info = executor.model_info()

@@ -4,10 +4,14 @@ the request names, never through protobuf), health.
 
 Iterations run on one worker thread: the executor is not thread-safe (nor need it be, the
 scheduler sends one iteration at a time), and the event loop stays free to answer health
-checks during a long forward pass. Block moves run on a second thread, in arrival order, so
-that a swap-out overlaps the iteration running meanwhile, as it does in one process: the
-serving core keeps a swapped-out request's device blocks reserved until its copy is done,
-and waits for a swap-in before the iteration that reads it."""
+checks during a long forward pass. The executor is built on that thread too
+(``compute_thread``), and every other thread of the process keeps its torch work on itself
+(``services.hardware.keep_torch_single_threaded``): a second OpenMP team, left by a model
+built on the main thread, made each iteration 1.4x as long on a 2-core CPU. Block moves run
+on a second thread, in arrival order, so that a swap-out overlaps the iteration running
+meanwhile, as it does in one process: the serving core keeps a swapped-out request's device
+blocks reserved until its copy is done, and waits for a swap-in before the iteration that
+reads it."""
 from __future__ import annotations
 
 import asyncio
@@ -22,16 +26,26 @@ from services import rpc
 from services.executor import convert
 from services.executor.interface import Executor
 from services.executor.shared_blocks import AttachedSegments
+from services.hardware import keep_torch_single_threaded
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "lenserve.proto.ExecutorService"
 
 
+def compute_thread() -> ThreadPoolExecutor:
+    """The thread that builds the executor and runs its iterations."""
+    return ThreadPoolExecutor(1, thread_name_prefix="executor")
+
+
 class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
-    def __init__(self, executor: Executor):
+    """``worker``: the thread the executor was built on (``compute_thread``), or None for a
+    new one."""
+
+    def __init__(self, executor: Executor, worker: ThreadPoolExecutor | None = None):
         self.executor = executor
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="executor")
-        self._mover = ThreadPoolExecutor(1, thread_name_prefix="executor-blocks")
+        self._worker = worker or compute_thread()
+        self._mover = ThreadPoolExecutor(1, thread_name_prefix="executor-blocks",
+                                         initializer=keep_torch_single_threaded)
         self._segments: AttachedSegments | None = None
 
     async def Execute(self, request, context):
@@ -93,11 +107,12 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
         self.executor.close()
 
 
-def build_server(executor: Executor, address: str
+def build_server(executor: Executor, address: str, worker: ThreadPoolExecutor | None = None
                  ) -> tuple[grpc.aio.Server, int, ExecutorServicer]:
-    """An unstarted server on address ('127.0.0.1:0' picks a free port) and its servicer."""
+    """An unstarted server on address ('127.0.0.1:0' picks a free port) and its servicer;
+    ``worker`` as for ``ExecutorServicer``."""
     server, port = rpc.new_server(address, "executor")
-    servicer = ExecutorServicer(executor)
+    servicer = ExecutorServicer(executor, worker)
     rpc.add_service(server, executor_pb2_grpc.add_ExecutorServiceServicer_to_server, servicer)
     return server, port, servicer
 

@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from services.hardware import keep_torch_single_threaded
 from services.kvmanager.interface import SwapHandle
 
 
@@ -34,7 +35,10 @@ class FutureHandle(SwapHandle):
 
 class Copier:
     def __init__(self, num_workers: int, device: torch.device, pin: bool):
-        self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="kv-swap")
+        # Copies stay on their own threads: an OpenMP team per copy thread would slow the
+        # forward of an executor in this process (services.hardware).
+        self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="kv-swap",
+                                        initializer=keep_torch_single_threaded)
         self._device = device
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._pin = pin

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.hardware import keep_torch_single_threaded
 from services.predictor.config import PredictorConfig
 
 
@@ -108,10 +109,12 @@ def retrain_due(config: PredictorConfig, num_observed: int, last: TrainedAt,
 class ThreadRetrainer:
     """Retrains in a thread of its own: ``observe``, and the predictions queued behind it on
     the same thread, never wait for a training run (seconds to tens of seconds on a CPU).
-    The thread runs at the lowest CPU priority, as do the torch workers it starts (Linux
-    threads inherit it), so that an engine sharing the host keeps more of the CPU (on two
-    cores a retrain beside an engine-like loop still cost it about a quarter of its rate,
-    against almost half at normal priority). Usable as ``Predictor.retrain_hook``."""
+    The thread runs at the lowest CPU priority, so that an engine sharing the host keeps
+    more of the CPU (on two cores a retrain beside an engine-like loop still cost it about a
+    quarter of its rate, against almost half at normal priority), and trains on itself alone
+    (``keep_torch_single_threaded``): an OpenMP team of its own would outlive the retrain and
+    slow every later forward pass of an engine in this process. Usable as
+    ``Predictor.retrain_hook``."""
 
     def __init__(self, predictor):
         self.predictor = predictor
@@ -130,6 +133,7 @@ class ThreadRetrainer:
 
     def _run(self, model: str) -> None:
         lowest_priority()
+        keep_torch_single_threaded()
         try:
             version = self.predictor.retrain(model, stop=self._stop)
             log.info("MLP of %s retrained, version %d", model, version)

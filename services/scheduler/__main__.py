@@ -101,15 +101,18 @@ def build_engine(config: SchedulerServiceConfig):
     from services.scheduler.engine_core import EngineCore
     from services.scheduler.wiring import engine_parts
 
-    executor = kv_manager = None
-    if config.executor != IN_PROCESS:
-        from services.executor.client import ExecutorClient
-        executor = ExecutorClient(config.executor, tokenizer_model=config.engine.model)
-    if config.kvmanager is not None:
-        from services.kvmanager.client import KVManagerClient
-        kv_manager = KVManagerClient(config.kvmanager)
-    parts = engine_parts(config.engine, executor, kv_manager=kv_manager)
-    return AsyncEngine(EngineCore(**parts, tokenizer=parts["executor"].tokenizer))
+    def build() -> EngineCore:     # on the engine's thread: an in-process model loads there
+        executor = kv_manager = None
+        if config.executor != IN_PROCESS:
+            from services.executor.client import ExecutorClient
+            executor = ExecutorClient(config.executor, tokenizer_model=config.engine.model)
+        if config.kvmanager is not None:
+            from services.kvmanager.client import KVManagerClient
+            kv_manager = KVManagerClient(config.kvmanager)
+        parts = engine_parts(config.engine, executor, kv_manager=kv_manager)
+        return EngineCore(**parts, tokenizer=parts["executor"].tokenizer)
+
+    return AsyncEngine(build)
 
 
 async def serve_async(config: SchedulerServiceConfig) -> int:

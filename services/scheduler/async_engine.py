@@ -6,14 +6,18 @@ abort) to that thread and receives outputs through per-request asyncio queues, s
 waits on an iteration. ``submit`` sends a request's outputs to a ``StepQueue`` shared by many
 requests instead: each iteration puts one list there, of ``(request_id, output or error)``
 for every request of that queue the iteration moved (the scheduler service's multiplexed
-stream)."""
+stream).
+
+Given a config or a builder, the engine is built on that same thread: the thread that runs
+the forward passes must be the one that loaded the model, or the process keeps two OpenMP
+teams and each iteration slows down (``services.hardware.keep_torch_single_threaded``)."""
 from __future__ import annotations
 
 import asyncio
 import queue
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 
 from lenserve_contract.outputs import RequestOutput
@@ -23,17 +27,35 @@ from services.scheduler.wiring import EngineConfig, engine_parts
 
 
 class AsyncEngine:
-    def __init__(self, config_or_engine: EngineConfig | EngineCore, **engine_kwargs):
-        if isinstance(config_or_engine, EngineCore):
-            self.engine = config_or_engine
-        else:
-            self.engine = EngineCore(**engine_parts(config_or_engine), **engine_kwargs)
+    """``engine``: an ``EngineConfig``, a callable that builds an ``EngineCore``, or a built
+    one. The first two are built on the engine thread (the constructor waits for it and
+    raises what the build raised); a built one runs there as it is."""
+
+    def __init__(self, engine: EngineConfig | EngineCore | Callable[[], EngineCore],
+                 **engine_kwargs):
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._wake = threading.Event()
         self._stopped = False
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        if isinstance(engine, EngineCore):
+            self.engine = engine
+            return
+        if isinstance(engine, EngineConfig):
+            config = engine
+            engine = lambda: EngineCore(**engine_parts(config), **engine_kwargs)  # noqa: E731
+        built: Future = Future()
+        self._thread = threading.Thread(target=self._run, args=(engine, built),
+                                        name="lenserve-engine", daemon=True)
+        self._thread.start()
+        try:
+            self.engine = built.result()
+        except BaseException:
+            self._thread.join()
+            self._thread = None
+            self._stopped = True
+            raise
 
     # -- event-loop side ----------------------------------------------------------------------
     async def generate(self, prompt: str | None = None, sampling_params: SamplingParams | None = None,
@@ -99,7 +121,15 @@ class AsyncEngine:
             self._thread.join(timeout=30)
 
     # -- engine-thread side -----------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, build: Callable[[], EngineCore] | None = None,
+             built: Future | None = None) -> None:
+        if build is not None:
+            try:
+                self.engine = build()
+            except BaseException as exc:  # noqa: BLE001 - raised by the constructor
+                built.set_exception(exc)
+                return
+            built.set_result(self.engine)
         engine = self.engine
         while not self._stopped:
             self._drain_commands()

@@ -10,6 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from services.hardware import keep_torch_single_threaded
 from services.predictor.interface import LengthPredictor, PredictQuery
 from services.predictor.types import Completion
 from services.predictor.types import Prediction as PredictorPrediction
@@ -93,6 +94,7 @@ class PredictionPump:
 
     # -- worker side --------------------------------------------------------------------------
     def _run(self) -> None:
+        keep_torch_single_threaded()      # the serving loop's thread owns the OpenMP team
         while not self._stop:
             if not (self._queries or self._completions):
                 self._wake.wait(0.5)

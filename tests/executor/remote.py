@@ -10,11 +10,14 @@ from services.executor.servicer import build_server, mark_serving
 
 
 class ServedExecutor:
-    def __init__(self, executor, port: int = 0):
+    """``worker``: the servicer's compute thread (``compute_thread``), when the test built
+    the executor on it."""
+
+    def __init__(self, executor, port: int = 0, worker=None):
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
-        self.port = self._run(self._start(executor, port))
+        self.port = self._run(self._start(executor, port, worker))
 
     @property
     def target(self) -> str:
@@ -23,8 +26,8 @@ class ServedExecutor:
     def client(self, **options) -> ExecutorClient:
         return ExecutorClient(f"grpc://{self.target}", **options)
 
-    async def _start(self, executor, port: int) -> int:
-        self.server, bound, self.servicer = build_server(executor, f"127.0.0.1:{port}")
+    async def _start(self, executor, port: int, worker) -> int:
+        self.server, bound, self.servicer = build_server(executor, f"127.0.0.1:{port}", worker)
         await self.server.start()
         await mark_serving(self.server)
         return bound
