@@ -46,11 +46,12 @@ def keep_torch_single_threaded() -> None:
         set_count(1)
 
 
-@functools.lru_cache(maxsize=1)
-def _thread_count_setters() -> tuple:
-    """This thread's thread-count setters: ``omp_set_num_threads`` of the OpenMP runtime
-    loaded in this process and MKL's C ``MKL_Set_Num_Threads_Local`` (the lower-case name is
-    MKL's Fortran entry, which takes a pointer) where torch carries MKL."""
+def _thread_count_setters() -> list:
+    """This thread's thread-count setters: ``omp_set_num_threads`` of every OpenMP runtime
+    loaded in this process (torch's, and others a library brought: scikit-learn ships a
+    libgomp of its own) and MKL's C ``MKL_Set_Num_Threads_Local`` where torch carries MKL
+    (the lower-case name is MKL's Fortran entry, which takes a pointer). Read anew each call:
+    a runtime may load after the first."""
     import ctypes
 
     try:
@@ -58,15 +59,15 @@ def _thread_count_setters() -> tuple:
             paths = {parts[5].strip() for parts in map(lambda line: line.split(None, 5), f)
                      if len(parts) == 6 and parts[5].startswith("/")}
     except OSError:       # no /proc: not Linux, where torch's OpenMP is not GNU's
-        return ()
+        return []
     wanted = {("libgomp", "libiomp5", "libomp"): "omp_set_num_threads",
               ("libtorch_cpu",): "MKL_Set_Num_Threads_Local"}
-    setters = {}
+    setters = []
     for path in sorted(paths):
         for prefixes, symbol in wanted.items():
-            if symbol not in setters and os.path.basename(path).startswith(prefixes):
+            if os.path.basename(path).startswith(prefixes):
                 try:
-                    setters[symbol] = getattr(ctypes.CDLL(path), symbol)
+                    setters.append(getattr(ctypes.CDLL(path), symbol))
                 except (OSError, AttributeError):
                     pass
-    return tuple(setters.values())
+    return setters
