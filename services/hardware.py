@@ -37,8 +37,8 @@ def keep_torch_single_threaded() -> None:
     process builds its model on the thread that then runs it.
 
     Here the thread's OpenMP and MKL thread counts (both per-thread settings) are set to 1,
-    so that its operations run inline and start no team. What this process lacks (another
-    OpenMP runtime, no MKL) is left alone."""
+    so that its operations run inline and start no team: in every OpenMP runtime loaded, since
+    a library may bring its own beside torch's. Without OpenMP or MKL, nothing is done."""
     import torch
 
     torch.get_num_threads()       # torch's own per-thread set-up first, or it would undo ours
