@@ -84,7 +84,6 @@ class _Recording(FakeExecutor):
         return super().execute(batch)
 
 
-
 def test_the_executor_service_runs_iterations_on_the_thread_that_built_the_executor():
     worker = compute_thread()
     executor = worker.submit(_Recording, num_gpu_blocks=32, block_size=4).result()
