@@ -1,6 +1,6 @@
-"""EconoServe, FluidInfer and Sarathi on whole workloads: every request finishes with vLLM's
-tokens, block accounting holds after every step (make_engine checks integrity), whatever the
-predictions (missing, right, 100x too small or too large)."""
+"""EconoServe, FluidInfer, Sarathi and alise-fluid on whole workloads: every request finishes
+with vLLM's tokens, block accounting holds after every step (make_engine checks integrity),
+whatever the predictions (missing, right, 100x too small or too large)."""
 import random
 
 import pytest
@@ -9,7 +9,7 @@ from engine_helpers import make_engine, run_to_completion
 from lenserve_contract.sampling_params import SamplingParams
 from services.executor.fake import FakeExecutor
 
-POLICIES = ["econoserve", "fluidinfer", "sarathi"]
+POLICIES = ["econoserve", "fluidinfer", "sarathi", "alise-fluid"]
 
 
 def workload(engine, seed, n=24):

@@ -49,7 +49,7 @@ def test_random_swaps_keep_tokens_and_accounting(monkeypatch, seed):
     assert kv.num_free_host_blocks == kv.num_host_blocks == engine.stats().num_host_blocks
 
 
-@pytest.mark.parametrize("policy", ["alise", "fastserve", "fluidinfer"])
+@pytest.mark.parametrize("policy", ["alise", "fastserve", "fluidinfer", "alise-fluid"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_swapping_policies_on_a_small_host_tier_give_vllms_tokens(policy, seed):
     reference, _ = run("vllm", seed)

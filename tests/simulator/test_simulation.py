@@ -42,7 +42,8 @@ def _finish_order_real(policy: str, requests) -> list[str]:
     return order
 
 
-@pytest.mark.parametrize("policy", ["vllm", "orca", "sarathi", "econoserve", "fluidinfer"])
+@pytest.mark.parametrize("policy", ["vllm", "orca", "sarathi", "econoserve", "fluidinfer",
+                                    "alise-fluid"])
 def test_same_order_as_the_real_engine(policy):
     # A short request queued behind long ones, on a pool too small for all of them.
     requests = [(20, 30, 0.0), (20, 30, 0.0), (20, 30, 0.0), (4, 2, 0.0)]

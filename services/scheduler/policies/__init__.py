@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.policies.alise import AlisePolicy, OraclePolicy
+from services.scheduler.policies.alise import AliseBoundPolicy, AlisePolicy, OraclePolicy
+from services.scheduler.policies.alise_fluid import AliseFluidPolicy
 from services.scheduler.policies.econoserve import EconoServePolicy
 from services.scheduler.policies.fastserve import FastServePolicy
 from services.scheduler.policies.fluidinfer import FluidInferPolicy
@@ -25,6 +26,8 @@ POLICIES: dict[str, type[Policy]] = {
     OraclePolicy.name: OraclePolicy,
     EconoServePolicy.name: EconoServePolicy,
     FluidInferPolicy.name: FluidInferPolicy,
+    AliseFluidPolicy.name: AliseFluidPolicy,
+    AliseBoundPolicy.name: AliseBoundPolicy,
 }
 
 
