@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -110,11 +111,14 @@ def _openai_chat_and_stream(url: str) -> None:
 
 
 def _start_up(*flags: str):
-    """``lenserve up --model fake FLAGS`` from this checkout, and its output lines."""
+    """``lenserve up --model fake FLAGS`` from this checkout, and its output lines. It starts
+    with SIGINT ignored, as a shell starts a background job (`lenserve up &`): the tests that
+    stop it with SIGINT check that it stops all the same."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "lenserve.cli", "up", "--model", "fake",
                              *flags], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=partial(signal.signal, signal.SIGINT, signal.SIG_IGN))
     return proc, _lines(proc)
 
 @pytest.mark.slow

@@ -102,6 +102,9 @@ def _raise_interrupt(signum, frame):
 def run(args: argparse.Namespace) -> int:
     supervisor = Supervisor(build_specs(args), report=partial(print, flush=True))
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    # SIGINT too: a shell starts a background job (`lenserve up &`) with SIGINT ignored, and
+    # Python then installs no handler of its own, so `kill -INT` would stop nothing.
+    signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         supervisor.start_all()
         for run_ in supervisor.running.values():
