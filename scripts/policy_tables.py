@@ -23,8 +23,8 @@ import numpy as np
 
 from lenserve.bench.report import plot_normalized_latency
 
-ORDER = ("vllm", "orca", "sarathi", "fastserve", "fluidinfer", "ssjf", "ltr", "alise",
-         "oracle", "econoserve")
+ORDER = ("vllm", "orca", "sarathi", "fastserve", "fluidinfer", "alise-fluid", "ssjf", "ltr",
+         "alise", "oracle", "econoserve")
 NL = "normalized_latency_s_per_token"
 
 
@@ -124,6 +124,31 @@ def sustained_table(runs: list[dict], key, limits: list[float], what: str) -> li
     return lines
 
 
+def joint_table(runs: list[dict], pairs: list[tuple[float, float]]) -> list[str]:
+    """Highest rate that keeps a normalized-latency SLO and a P99 latency bound at once: the
+    lower of the two sustained rates (each taken up to the first rate that breaks it)."""
+    nl = by_policy(runs, lambda x: x[NL])
+    lb = by_policy(runs, lambda x: x["latency_bound_ms"]["p99"] / 1e3)
+
+    def rate(policy: str, slo: float, bound: float) -> tuple[float, str]:
+        both = [sustained_rate(nl[policy], slo), sustained_rate(lb[policy], bound)]
+        if any(note == "<" for _, note in both):
+            return min(r for r, _ in both), "<"
+        return min(both)        # at a tie, "" (crossed there) sorts before ">=" (not crossed)
+
+    head = "| policy | " + " | ".join(f"NL <= {x:g} and P99 LB <= {y:g} s: rate | x vllm"
+                                      for x, y in pairs)
+    lines = [head + " |", "| --- |" + " --- | --- |" * len(pairs)]
+    for policy in nl:
+        cells = []
+        for x, y in pairs:
+            r, note = rate(policy, x, y)
+            base = rate("vllm", x, y)[0] if "vllm" in nl else math.nan
+            cells += [f"{note}{r:.2f}", f"{r / base:.2f}" if base > 0 else "-"]
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def throughput_at_bound(points: list[tuple[float, float, float]], bound: float) -> float:
     """Highest measured output throughput among the runs that keep the P99 latency bound,
     taking rates in order up to the first that breaks it (as ``sustained_rate``); NaN if the
@@ -172,7 +197,8 @@ def prediction_table(runs: list[dict]) -> list[str]:
     return lines
 
 
-def report(runs: list[dict], label: str, slos: list[float], bounds: list[float]) -> str:
+def report(runs: list[dict], label: str, slos: list[float], bounds: list[float],
+           joint: list[tuple[float, float]] = ()) -> str:
     s = runs[0]["summary"].get("jct_slo") or {}
     sections = [
         (f"Normalized latency (s/token), {label}", rate_table(runs, lambda x: x[NL], "{:.4f}")),
@@ -182,6 +208,8 @@ def report(runs: list[dict], label: str, slos: list[float], bounds: list[float])
          sustained_table(runs, lambda x: x["latency_bound_ms"]["p99"] / 1e3, bounds, "P99 LB")),
         ("Highest output throughput under a P99 latency bound (tok/s)",
          throughput_bound_table(runs, bounds)),
+        *([("Highest rate under a normalized-latency SLO and a P99 latency bound at once",
+            joint_table(runs, list(joint)))] if joint else []),
         ("Mean JCT (s)", rate_table(runs, lambda x: x["jct_ms"]["mean"] / 1e3, "{:.2f}")),
         ((f"SLO satisfaction ratio, JCT SLO {s.get('scale', '?')} x (tp + tg x l), tp "
          f"{s.get('tp_ms', math.nan):.1f} ms, tg {s.get('tg_ms', math.nan):.2f} ms"),
@@ -205,7 +233,15 @@ def main() -> int:
                     help="normalized-latency SLOs (s/token)")
     ap.add_argument("--latency-bound", type=float, nargs="+", default=[0.5, 1.0],
                     help="P99 latency bounds (s)")
+    ap.add_argument("--joint", nargs="+", default=[], metavar="NL:LB",
+                    help="pairs of an NL SLO (s/token) and a P99 latency bound (s) kept at once")
     args = ap.parse_args()
+    try:
+        joint = [tuple(float(v) for v in pair.split(":", 1)) for pair in args.joint]
+    except ValueError:
+        raise SystemExit(f"--joint takes NL:LB pairs such as 0.05:1, got {args.joint}") from None
+    if any(len(pair) != 2 for pair in joint):
+        raise SystemExit(f"--joint takes NL:LB pairs such as 0.05:1, got {args.joint}")
     runs = load_runs(args.raw)
     if not runs:
         raise SystemExit(f"no result JSON under {args.raw}")
@@ -215,7 +251,7 @@ def main() -> int:
                 "summary": r["summary"]} for r in runs]
     plot_normalized_latency(args.out / f"{args.label}.png", results, args.title or args.label,
                             log_y=True, dpi=80)
-    text = report(runs, args.label, args.slo, args.latency_bound)
+    text = report(runs, args.label, args.slo, args.latency_bound, joint)
     (args.out / f"{args.label}.md").write_text(text)
     print(text)
     return 0
