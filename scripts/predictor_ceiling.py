@@ -11,12 +11,15 @@ Features: the prompt's vector (the stock MiniLM, or ``--encoder``), plus its log
 and whether it has an input part (kNN uses the vector alone); target: log reply length in the
 tokenizer's tokens. Median relative error and Kendall tau per learner: mean [min-max] over
 splits. Also printed: the best rescaling of each learner's predictions chosen on the test part
-itself (an optimistic bound on what a bias correction can still gain).
+itself (an optimistic bound on what a bias correction can still gain). ``--finetune-observed N``
+first fine-tunes the encoder for N epochs on each split's observed replies (a served model's
+own replies teaching the encoder), then fits the learners on its vectors.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 
 import numpy as np
 
@@ -32,6 +35,8 @@ def main() -> int:
     ap.add_argument("--num-test", type=int, default=500)
     ap.add_argument("--splits", type=int, default=10)
     ap.add_argument("--scale", type=float, default=1.0, help="reply lengths times this")
+    ap.add_argument("--finetune-observed", type=int, default=0, metavar="EPOCHS",
+                    help="fine-tune the encoder on each split's observed replies first")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -45,6 +50,8 @@ def main() -> int:
     from services.predictor import datasets
     from services.predictor.config import EmbedderConfig
     from services.predictor.embedder import Embedder
+    from services.predictor.finetune import DEFAULT_WINDOW, fine_tune_encoder
+    from services.predictor.proxy import ProxyConfig
     from services.predictor.shift_eval import scaled
 
     samples = datasets.load(args.dataset_name, args.dataset_path)
@@ -53,10 +60,14 @@ def main() -> int:
     tokenizer = datasets.load_tokenizer(args.tokenizer)
     lengths = scaled(datasets.count_tokens(tokenizer, [s.reply for s in samples]), args.scale)
     prompts = [s.prompt for s in samples]
-    vectors = Embedder(EmbedderConfig(encoder_path=args.encoder)).encode(prompts)
     prompt_len = np.log1p(datasets.count_tokens(tokenizer, prompts))
     has_input = np.array(["\n\n" in p for p in prompts], float)
-    features = np.hstack([vectors, prompt_len[:, None], has_input[:, None]])
+
+    def embed(encoder):
+        vectors = Embedder(EmbedderConfig(encoder_path=encoder)).encode(prompts)
+        return vectors, np.hstack([vectors, prompt_len[:, None], has_input[:, None]])
+
+    vectors, features = embed(args.encoder)
     y = np.log(lengths)
     learners = {
         "ridge": lambda: Ridge(3.0),
@@ -73,6 +84,12 @@ def main() -> int:
         order = np.random.default_rng(split).permutation(len(prompts))
         fit, test = order[:args.num_observe], order[args.num_observe:][:args.num_test]
         true = lengths[test]
+        if args.finetune_observed:
+            tuned = os.path.join(tempfile.mkdtemp(), "encoder")
+            fine_tune_encoder([prompts[i] for i in fit], lengths[fit], tuned,
+                              ProxyConfig(encoder_path=args.encoder, epochs=args.finetune_observed,
+                                          max_seq_length=DEFAULT_WINDOW))
+            vectors, features = embed(tuned)
 
         def score(pred, true=true):
             rel = lambda p: float(np.median(np.abs(p - true) / true))  # noqa: E731
@@ -84,7 +101,9 @@ def main() -> int:
             x = vectors if name.startswith("knn") else features
             rows[name].append(score(np.exp(make().fit(x[fit], y[fit]).predict(x[test]))))
     print(f"{args.dataset_name}: {args.num_observe} observed, {args.num_test} predicted, "
-          f"{args.splits} splits, encoder {args.encoder or 'stock MiniLM'}, lengths x{args.scale:g}")
+          f"{args.splits} splits, encoder {args.encoder or 'stock MiniLM'}"
+          f"{f' fine-tuned on the observed ({args.finetune_observed} epochs)' if args.finetune_observed else ''}"
+          f", lengths x{args.scale:g}")
     print("| learner | median RE | Kendall tau | median RE, best rescale (optimistic) |")
     print("| --- | --- | --- | --- |")
     for name, vals in rows.items():
