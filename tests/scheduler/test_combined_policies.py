@@ -119,3 +119,15 @@ def test_bad_options_are_refused():
     for bad in ("max_gap_s=-1", "gap_quantum=0"):
         with pytest.raises(ValueError, match="alise-lb"):
             make_policy("alise-lb", s.config, [bad])
+
+
+def test_alise_lb_keeps_its_stalled_list_bounded_as_requests_are_requeued():
+    s = make_scheduler("alise-lb")
+    (req,) = add(s, make_request("r", 4, 8))
+    step(s)                                    # started: it has a token
+    policy, job = s.policy, s.policy.jobs["r"]
+    for i in range(500):                       # re-queued after each of 500 more waits
+        job.since = float(i)
+        policy._push(req)
+    assert len(policy._stalled) <= 2 * len(policy.queues) + 64
+    assert policy._stalled_head(1e9) is req    # the live entry survives compaction

@@ -139,7 +139,13 @@ class AlisePolicy(RankedPolicy):
         key = remaining - rate * job.waited + rate * job.since
         self.queues.push(req, key, aged, remaining)
         if self.options.max_gap_s and req.num_output_tokens:
-            heapq.heappush(self._stalled, (job.since, next(self._stalled_ids), req))
+            heap = self._stalled
+            heapq.heappush(heap, (job.since, next(self._stalled_ids), req))
+            if len(heap) > 2 * len(self.queues) + 64:
+                # Entries go stale as requests are admitted or re-queued; keep them from
+                # outnumbering the queued ones (amortised O(1) per push, as RankedQueue).
+                self._stalled = [e for e in heap if self._is_live(e)]
+                heapq.heapify(self._stalled)
 
     def remove_request(self, request: Request) -> None:
         self.queues.discard(request)
@@ -217,15 +223,19 @@ class AlisePolicy(RankedPolicy):
 
     def _stalled_head(self, now: float) -> Request | None:
         """The queued started request that has waited longest, if that reaches max_gap_s."""
-        heap, jobs, queues = self._stalled, self.jobs, self.queues
+        heap = self._stalled
         while heap:
             since, _, req = heap[0]
-            job = jobs.get(req.request_id)
-            if job is None or job.since != since or req not in queues:
+            if not self._is_live(heap[0]):
                 heapq.heappop(heap)         # admitted, re-queued or gone since
                 continue
             return req if now - since >= self.options.max_gap_s else None
         return None
+
+    def _is_live(self, entry: tuple[float, int, Request]) -> bool:
+        since, _, req = entry
+        job = self.jobs.get(req.request_id)
+        return job is not None and job.since == since and req in self.queues
 
     def _pop(self, request: Request) -> None:
         self.queues.discard(request)
