@@ -100,10 +100,11 @@ def main() -> int:
         for name, make in learners.items():
             x = vectors if name.startswith("knn") else features
             rows[name].append(score(np.exp(make().fit(x[fit], y[fit]).predict(x[test]))))
+    encoder = args.encoder or "stock MiniLM"
+    if args.finetune_observed:
+        encoder += f" fine-tuned on the observed ({args.finetune_observed} epochs)"
     print(f"{args.dataset_name}: {args.num_observe} observed, {args.num_test} predicted, "
-          f"{args.splits} splits, encoder {args.encoder or 'stock MiniLM'}"
-          f"{f' fine-tuned on the observed ({args.finetune_observed} epochs)' if args.finetune_observed else ''}"
-          f", lengths x{args.scale:g}")
+          f"{args.splits} splits, encoder {encoder}, lengths x{args.scale:g}")
     print("| learner | median RE | Kendall tau | median RE, best rescale (optimistic) |")
     print("| --- | --- | --- | --- |")
     for name, vals in rows.items():

@@ -33,7 +33,7 @@ from services.scheduler.policies.fluidinfer import FluidInferConfig, FluidInferP
 from services.scheduler.policies.length_stats import LengthDefaults, max_output_len
 from services.scheduler.policies.ranked_queue import RankedQueue
 from services.scheduler.policies.time_model import ExecutionTimeModel
-from services.scheduler.request import FinishReason, Prediction, Request
+from services.scheduler.request import Prediction, Request
 
 _RESUME, _NEW = 0, 1     # key classes: evicted requests first, then new ones by remaining time
 
@@ -112,6 +112,4 @@ class AliseFluidPolicy(FluidInferPolicy):
 
     def update(self, output, updated, result=None) -> None:
         self.model.observe_iteration(output, result)
-        for req in updated:
-            if req.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
-                self.lengths.observe(req.num_output_tokens)
+        self.lengths.observe_finished(updated)

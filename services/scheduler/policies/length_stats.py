@@ -5,7 +5,9 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
-from services.scheduler.request import Request
+from services.scheduler.request import FinishReason, Request
+
+_COMPLETED = (FinishReason.STOP, FinishReason.LENGTH)
 
 
 class LengthDefaults:
@@ -27,6 +29,13 @@ class LengthDefaults:
             del self._sorted[bisect.bisect_left(self._sorted, old)]
         self._recent.append(output_len)
         bisect.insort(self._sorted, output_len)
+
+    def observe_finished(self, requests) -> None:
+        """Learn from the requests of an iteration that completed (stop or length; not aborts
+        or errors, whose lengths say nothing of the workload)."""
+        for req in requests:
+            if req.finish_reason in _COMPLETED:
+                self.observe(req.num_output_tokens)
 
     @property
     def value(self) -> int:

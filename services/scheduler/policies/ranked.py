@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from services.scheduler.output import Budget, SchedulerOutput
 from services.scheduler.policies.length_stats import LengthDefaults
 from services.scheduler.policy import Policy, PolicyConfig
-from services.scheduler.request import FinishReason, Request, RequestStatus
+from services.scheduler.request import Request, RequestStatus
 from services.scheduler.state import SchedulerState
 
 _RUNNING, _SWAPPED = RequestStatus.RUNNING, RequestStatus.SWAPPED
@@ -236,7 +236,4 @@ class RankedPolicy(Policy):
 
     # -- bookkeeping shared by all ranked policies ---------------------------------------------
     def update(self, output, updated, result=None) -> None:
-        for req in updated:
-            reason = req.finish_reason
-            if reason is not None and reason in (FinishReason.STOP, FinishReason.LENGTH):
-                self.lengths.observe(req.num_output_tokens)
+        self.lengths.observe_finished(updated)
