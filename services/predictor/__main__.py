@@ -50,6 +50,14 @@ def add_common(p: argparse.ArgumentParser, threads: int = 0) -> None:
     g.add_argument("--tail-chars", type=int, default=0,
                    help="also embed a prompt's last N characters (0 = head only)")
     g.add_argument("--mlp-ensemble", type=int, default=3, help="MLPs averaged (seeds)")
+    g.add_argument("--refit-first", type=int, default=250,
+                   help="refit the encoder to the served model's replies once this many were "
+                        "observed, then whenever they doubled (0 = never)")
+    g.add_argument("--refit-epochs", type=int, default=2, help="epochs of each refit")
+    g.add_argument("--refit-dir", default=os.environ.get("LENSERVE_REFIT_DIR"),
+                   help="where refitted encoders are kept (default: beside an on-disk "
+                        "--qdrant-path, else a temporary directory); serve starts from the "
+                        "last one there")
     g.add_argument("--max-points", type=int, default=50_000, help="DB bound per model")
     g.add_argument("--observed-parity", type=int, default=PredictorConfig.observed_parity,
                    help="observed completions that weigh as much as all the seed data in the "
@@ -63,10 +71,24 @@ def encoder_beside_db(qdrant_path: str, qdrant_url: str | None) -> str | None:
     return os.path.normpath(qdrant_path) + "-encoder"
 
 
+def refit_dir(args) -> str | None:
+    """--refit-dir, else beside an on-disk Qdrant directory, else None (a temporary one)."""
+    if getattr(args, "refit_dir", None):
+        return args.refit_dir
+    beside = encoder_beside_db(args.qdrant_path, args.qdrant_url)
+    return beside and beside + "-refit"
+
+
 def resolve_encoder(args) -> str | None:
-    """--encoder, else the encoder build fine-tuned beside the DB, else stock MiniLM (None)."""
+    """--encoder, else the encoder the DB's vectors were last refitted with, else the encoder
+    build fine-tuned beside the DB, else stock MiniLM (None)."""
+    from services.predictor.refit import current_refit
+
     if args.encoder:
         return args.encoder
+    refitted = current_refit(refit_dir(args))
+    if refitted:
+        return refitted
     beside = encoder_beside_db(args.qdrant_path, args.qdrant_url)
     return beside if beside and os.path.isdir(beside) else None
 
@@ -82,7 +104,19 @@ def config_from_args(args) -> PredictorConfig:
         default_model=args.model, top_k=args.top_k,
         similarity_threshold=args.similarity_threshold,
         observed_parity=args.observed_parity,
-        retrain_every=getattr(args, "retrain_every", 1000))
+        retrain_every=getattr(args, "retrain_every", 1000),
+        refit_first=_refit_first(args), refit_epochs=args.refit_epochs,
+        refit_dir=refit_dir(args))
+
+
+def _refit_first(args) -> int:
+    # A Qdrant server keeps its vectors across restarts; the encoder that made them must be
+    # kept as well, so refits there need a directory that lasts.
+    if args.refit_first > 0 and args.qdrant_url and not refit_dir(args):
+        log.info("encoder refits off: a Qdrant server outlives a temporary directory; name "
+                 "one with --refit-dir (LENSERVE_REFIT_DIR) to refit")
+        return 0
+    return args.refit_first
 
 
 def mlp_path(config: PredictorConfig, model: str) -> str | None:

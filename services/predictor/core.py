@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from services.predictor import learning, mlp
+from services.predictor import learning, mlp, refit
 from services.predictor.learning import TrainingSet
 from services.predictor.bias import BiasBook
 from services.predictor.config import PredictorConfig
@@ -79,6 +80,10 @@ class Predictor:
         self._trained: dict[str, learning.TrainedAt] = {}
         self._recent = RecentIds(config.dedup_window)
         self._tick = 0.0
+        # Encoder refits (refit.py): observed count when the last was asked, one pending.
+        self._refit_at = 0
+        self._refit_pending = False
+        self.refit_tmp: str | None = None  # refit_dir when the config names none
         # Embedded Qdrant is not safe for a write racing a search; one lock keeps it simple.
         self._lock = threading.RLock()
 
@@ -102,7 +107,10 @@ class Predictor:
         if not prompts:
             return []
         try:
-            vectors = self.embedder.encode(prompts, cache=True)
+            embedder = self.embedder
+            vectors = embedder.encode(prompts, cache=True)
+            if self.embedder is not embedder:  # a refit swapped the encoder meanwhile
+                vectors = self.embedder.encode(prompts, cache=True)
         except Exception as exc:  # a broken encoder must not stop the service
             log.exception("embedding failed")
             return [self._default(model, PredictionError("INTERNAL", f"embedding failed: {exc}"))
@@ -222,12 +230,16 @@ class Predictor:
         return ObserveResult(accepted, len(records) - accepted, tuple(errors))
 
     def _observe_model(self, model: str, recs: list[Completion]) -> None:
-        vectors = self.embedder.encode([r.prompt for r in recs], cache=True)
+        embedder = self.embedder
+        vectors = embedder.encode([r.prompt for r in recs], cache=True)
         real = np.array([r.num_output_tokens for r in recs], np.float32)
         with self._lock:
+            if self.embedder is not embedder:  # a refit swapped the encoder meanwhile
+                vectors = self.embedder.encode([r.prompt for r in recs], cache=True)
             batch = self._analyse(model, vectors, seed_parts=True)
             before = self.num_observed(model)
-            result = self.store.upsert(model, vectors, real, self._now(recs), observed=True)
+            result = self.store.upsert(model, vectors, real, self._now(recs), observed=True,
+                                       texts=self.kept_texts([r.prompt for r in recs]))
             self._observed[model] = before + result.newly_observed
             if result.evicted:
                 self._observed.pop(model)  # recounted on next use
@@ -252,12 +264,20 @@ class Predictor:
             self.residuals.add(model, source, residual[idx], None if keys is None else keys[idx],
                                weight, batch.coefs[idx])
 
+    def kept_texts(self, prompts: Sequence[str]) -> list[str]:
+        """What the DB keeps of prompts to embed them again (refit.py): the heads the encoder
+        is given (a refit is off where tails are embedded too)."""
+        return [p[: self.config.max_prompt_chars] for p in prompts]
+
     def _now(self, recs: list[Completion]) -> float:
         # Recency for eviction comes from the records themselves, not from a clock read here.
         self._tick = max([self._tick + 1e-6] + [r.finished_at for r in recs])
         return self._tick
 
     def _maybe_retrain(self, model: str) -> None:
+        if self.config.retrain_every > 0 and self._ask_refit():
+            self._trigger_retrain(model)  # the refit retrains every model's MLP
+            return
         last = self._trained.get(model, learning.TrainedAt())
         shift = self.seed_bias.shift(model, Source.MLP.value)
         reason = learning.retrain_due(self.config, self.num_observed(model), last, shift)
@@ -268,6 +288,22 @@ class Predictor:
         self.stats["retrains"] += 1
         log.info("retraining the MLP of %s: %s", model, reason)
         self._trigger_retrain(model)
+
+    def _ask_refit(self) -> bool:
+        total = sum(self._observed.values())
+        with self._lock:
+            if self._refit_pending or not refit.due(self.config, total, self._refit_at):
+                return False
+            self._refit_at, self._refit_pending = total, True
+        self.stats["refits"] += 1
+        log.info("refitting the encoder: %d observed completions", total)
+        return True
+
+    def take_refit(self) -> bool:
+        """Whether a refit was asked for; the caller then runs it (`refit.refit_encoder`)."""
+        with self._lock:
+            pending, self._refit_pending = self._refit_pending, False
+            return pending
 
     def _trigger_retrain(self, model: str) -> None:
         if self.retrain_hook is not None:
@@ -283,10 +319,14 @@ class Predictor:
              now: float = 0.0) -> int:
         """Bulk-load (prompt, length) pairs from a data set as prior knowledge; returns the
         number of new points."""
-        vectors = self.embedder.encode(list(prompts))
+        embedder = self.embedder
+        vectors = embedder.encode(list(prompts))
         with self._lock:
+            if self.embedder is not embedder:  # a refit swapped the encoder meanwhile
+                vectors = self.embedder.encode(list(prompts))
             return self.store.upsert(model, vectors, np.asarray(lengths, np.float32), now,
-                                     observed=False).created
+                                     observed=False,
+                                     texts=self.kept_texts(prompts)).created
 
     def export(self, model: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         with self._lock:
@@ -303,25 +343,46 @@ class Predictor:
         if stop is not None:
             stop()
         self.store.close()
+        if self.refit_tmp is not None:
+            shutil.rmtree(self.refit_tmp, ignore_errors=True)
 
     def retrain(self, model: str, stop: threading.Event | None = None) -> int:
         """Train the MLP from the DB's contents in-process and swap it in; returns the version.
         ``stop``: once set, training ends with ``learning.TrainingStopped`` and the served MLP
-        stays."""
+        stays. A pending encoder refit runs instead: it retrains every model's MLP."""
+        if self.take_refit():
+            try:
+                if refit.refit_encoder(self, stop) is not None:
+                    served = self.mlps.get(model)
+                    return 0 if served is None else served.version
+            except learning.TrainingStopped:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the served encoder stays; retrain the MLP
+                log.warning("encoder refit failed: %s", exc)
         data = self.training_set(model)
         if data.num_observed and self.seed_mlps.get(model) is None:
-            self._train_seed_mlp(model, data, stop)
+            seed = self.seed_module(data, stop)
+            if seed is not None:
+                self.seed_mlps.swap(model, *seed)
         module = mlp.train(data.vectors, data.lengths, self.config.mlp, data.weights, stop)
         return self.install_mlp(model, module, len(data.vectors), data)
 
-    def _train_seed_mlp(self, model: str, data: TrainingSet,
-                        stop: threading.Event | None = None) -> None:
+    def seed_module(self, data: TrainingSet, stop: threading.Event | None = None
+                    ) -> tuple | None:
+        """(MLP trained on the seed records alone, their number), None if they are too few."""
         seed = ~data.observed
         if seed.sum() < self.config.mlp.min_train_records:
-            return
+            return None
         lengths = np.expm1(np.log1p(data.lengths[seed]) - data.seed_shift)
-        module = mlp.train(data.vectors[seed], lengths, self.config.mlp, stop=stop)
-        self.seed_mlps.swap(model, module, int(seed.sum()))
+        return mlp.train(data.vectors[seed], lengths, self.config.mlp, stop=stop), int(seed.sum())
+
+    def install_refitted(self, model: str, module, seed: tuple | None,
+                         data: TrainingSet) -> None:
+        """Serve MLPs trained on a refitted encoder's vectors (the caller swaps the encoder
+        and the DB's vectors with them, under the lock)."""
+        if seed is not None:
+            self.seed_mlps.swap(model, *seed)
+        self.install_mlp(model, module, len(data.vectors), data)
 
     def install_mlp(self, model: str, module, num_records: int,
                     data: TrainingSet | None = None) -> int:

@@ -38,19 +38,21 @@ _NOT_COPIED = ("model.safetensors", "pytorch_model.bin", "onnx", "openvino", "RE
 
 def fine_tune_encoder(prompts: list[str], lengths, out_dir: str,
                       config: ProxyConfig = ProxyConfig(max_seq_length=DEFAULT_WINDOW,
-                                                        num_layers=DEFAULT_LAYERS)) -> str:
+                                                        num_layers=DEFAULT_LAYERS),
+                      extra_meta: dict | None = None, stop=None) -> str:
     """Fine-tune the encoder at config.encoder_path (stock MiniLM if None) on (prompt, length)
-    pairs and save it to out_dir; returns the new encoder's id."""
+    pairs and save it to out_dir, with ``extra_meta`` in its metadata; returns the new
+    encoder's id. ``stop``: see ``ProxyRegressor.fit``."""
     if len(prompts) != len(lengths):
         raise ValueError(f"{len(prompts)} prompts but {len(lengths)} lengths")
     if len(prompts) < MIN_RECORDS:
         raise ValueError(f"{len(prompts)} records are too few to fine-tune the encoder "
                          f"(at least {MIN_RECORDS})")
     t0 = time.perf_counter()
-    proxy = ProxyRegressor(config).fit(list(prompts), [int(n) for n in lengths])
+    proxy = ProxyRegressor(config).fit(list(prompts), [int(n) for n in lengths], stop)
     meta = {"id": uuid.uuid4().hex, "base": encoder_id(config.encoder_path),
             "num_records": len(prompts), "fit_s": round(time.perf_counter() - t0, 1),
-            "training": dataclasses.asdict(config)}
+            "training": dataclasses.asdict(config), **(extra_meta or {})}
     save_encoder(proxy, out_dir, meta)
     return meta["id"]
 

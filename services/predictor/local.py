@@ -178,7 +178,8 @@ def build_embedded(model: str, seed_path: str | Path | None = None, progress=Non
     prompts, lengths = load_seed(seed_path or BUNDLED_SEED)
     vectors = None if seed_path else bundled_vectors(core.embedder, len(prompts))
     if vectors is not None:
-        core.store.upsert(model, vectors, np.asarray(lengths, np.float32), 0.0, observed=False)
+        core.store.upsert(model, vectors, np.asarray(lengths, np.float32), 0.0, observed=False,
+                          texts=core.kept_texts(prompts))
         core.load_mlp(model, str(BUNDLED_MLP))
     else:
         _embed_seed(core, model, prompts, lengths, progress)

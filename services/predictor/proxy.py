@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from services.predictor.learning import TrainingStopped
 from services.predictor.packed_encoder import mean_pooled, packable
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,9 @@ class ProxyRegressor(nn.Module):
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         return self.head(pooled).squeeze(-1)
 
-    def fit(self, prompts: list[str], lengths: list[int]) -> ProxyRegressor:
+    def fit(self, prompts: list[str], lengths: list[int], stop=None) -> ProxyRegressor:
+        """Train on (prompt, length) pairs; ``stop`` (an Event): once set, training ends
+        within a batch with ``learning.TrainingStopped``."""
         torch.manual_seed(self.config.seed)
         gen = torch.Generator().manual_seed(self.config.seed)
         y = torch.log1p(torch.tensor(lengths, dtype=torch.float32))
@@ -79,6 +82,8 @@ class ProxyRegressor(nn.Module):
             batches = torch.randperm(len(prompts), generator=gen).split(self.config.batch_size)
             every = max(1, len(batches) // PROGRESS_LINES)
             for b, idx in enumerate(batches):
+                if stop is not None and stop.is_set():
+                    raise TrainingStopped("fine-tune stopped")
                 loss = nn.functional.smooth_l1_loss(self([prompts[i] for i in idx]), y[idx])
                 opt.zero_grad()
                 loss.backward()

@@ -86,7 +86,8 @@ def _state_note(predictor: Predictor) -> str:
     return (f"seed shift mlp {state['seed_shift']['mlp']:+.2f} retrieval "
             f"{state['seed_shift']['retrieval']:+.2f}, residual mlp "
             f"{state['residual_shift']['mlp']:+.2f}, seed weight {state['seed_weight']:.2f}, "
-            f"MLP v{state['mlp_version']} ({state['stats'].get('retrains', 0)} retrains)")
+            f"MLP v{state['mlp_version']} ({state['stats'].get('retrains', 0)} retrains, "
+            f"{state['stats'].get('refits', 0)} encoder refits)")
 
 
 def _timing(predictor: Predictor, prompts: list[str], lengths, batches: int = 8) -> dict:

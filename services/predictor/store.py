@@ -3,8 +3,10 @@
 Near-identical prompts are merged into one point, so repeated traffic refines a length
 instead of crowding the top-k. Every point's payload says where its length came from:
 `observed` true for the served model's own completions, false for points seeded from a data
-set (another model's replies). The collection is bounded; eviction drops seeded points before
-observed ones, and the least recently seen first.
+set (another model's replies), and keeps the text its vector was embedded from (`text`), so
+that the DB can be embedded again by an encoder refitted to the served model (refit.py).
+The collection is bounded; eviction drops seeded points before observed ones, and the least
+recently seen first.
 """
 from __future__ import annotations
 
@@ -29,6 +31,15 @@ class Neighbours:
 
 
 EMPTY = Neighbours(np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, bool))
+
+
+@dataclass(frozen=True)
+class StoredRecords:
+    ids: list[str]
+    texts: list[str | None]  # what each point's vector was embedded from (None: not kept)
+    lengths: np.ndarray
+    observed: np.ndarray
+    last_seen: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -137,8 +148,11 @@ class LengthStore:
                 for r in responses]
 
     def upsert(self, model: str, vectors: np.ndarray, lengths: np.ndarray, now: float,
-               observed: bool = True) -> UpsertResult:
-        """Add records, merging near-duplicates."""
+               observed: bool = True, texts: list[str] | None = None) -> UpsertResult:
+        """Add records, merging near-duplicates. ``texts``: what each vector was embedded
+        from, kept with a new point (a merged point keeps its own)."""
+        if texts is not None and len(texts) != len(vectors):
+            raise ValueError(f"{len(vectors)} vectors but {len(texts)} texts")
         name = self._collection(model, create=True)
         nearest = self._nearest(name, vectors)
         points: dict[str, models.PointStruct] = {}
@@ -154,6 +168,8 @@ class LengthStore:
                 pid = str(uuid.uuid4())
                 payload = {"model": model, "length": float(lengths[i]), "count": 1,
                            "last_seen": now, "observed": observed, "encoder": self.encoder}
+                if texts is not None:
+                    payload["text"] = texts[i]
                 points[pid] = models.PointStruct(id=pid, vector=vec.tolist(), payload=payload)
                 pending_vecs[len(pending_ids)] = vec
                 pending_ids.append(pid)
@@ -237,6 +253,37 @@ class LengthStore:
                 np.array([p.payload["length"] for p in rows]),
                 np.array([bool(p.payload.get("observed")) for p in rows], bool))
         return self._mirrors[name]
+
+    def records(self, model: str) -> StoredRecords:
+        """Every point's id, text (None where none was kept), length, observed flag and when
+        it was last seen."""
+        name = self._collection(model, create=False)
+        rows = [] if name is None else self._scroll(
+            name, with_vectors=False, fields=["text", "length", "observed", "last_seen"])
+        return StoredRecords([str(p.id) for p in rows], [p.payload.get("text") for p in rows],
+                             np.array([p.payload["length"] for p in rows], np.float32),
+                             np.array([bool(p.payload.get("observed")) for p in rows], bool),
+                             np.array([p.payload.get("last_seen", 0.0) for p in rows], float))
+
+    def revector(self, model: str, vectors: dict[str, np.ndarray], encoder: str) -> int:
+        """Give every point of a model its vector from ``encoder``: ``vectors`` by point id
+        must cover them all (the caller holds writers off). Payloads stay as they are now,
+        with the new encoder's tag; returns the points rewritten."""
+        name = self._collection(model, create=False)
+        if name is None:
+            return 0
+        rows = self._scroll(name, with_vectors=False, fields=True)
+        missing = [str(p.id) for p in rows if str(p.id) not in vectors]
+        if missing:
+            raise ValueError(f"{len(missing)} points of {model!r} have no new vector")
+        for start in range(0, len(rows), 1024):
+            self.client.upsert(name, points=[
+                models.PointStruct(id=p.id, vector=np.asarray(vectors[str(p.id)]).tolist(),
+                                   payload={**p.payload, "encoder": encoder})
+                for p in rows[start:start + 1024]])
+        if self._mirrors is not None:
+            self._mirrors.pop(name, None)  # rebuilt from the new vectors on the next search
+        return len(rows)
 
     def export(self, model: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All (vectors, lengths, observed flags) of a model, for training the MLP."""

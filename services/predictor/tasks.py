@@ -71,6 +71,11 @@ class CeleryRetrainer:
             if model in self._busy:  # one retrain per model at a time; the next trigger catches up
                 return None
             self._busy.add(model)
+        if self.predictor.take_refit():
+            # The encoder is this process's: a refit runs here, in a thread of its own.
+            thread = threading.Thread(target=self._refit, args=(model,), daemon=True)
+            thread.start()
+            return thread
         try:
             result, data = self._submit(model)
         except Exception:
@@ -103,6 +108,25 @@ class CeleryRetrainer:
             log.warning("retrain of %s failed: %s", model, exc)
         finally:
             self._done(model)
+
+    def _refit(self, model: str) -> None:
+        from services.hardware import keep_torch_single_threaded
+        from services.predictor.learning import lowest_priority
+        from services.predictor.refit import refit_encoder
+
+        lowest_priority()
+        keep_torch_single_threaded()
+        try:
+            refitted = refit_encoder(self.predictor) is not None
+        except Exception as exc:  # noqa: BLE001 - the served encoder stays; log and move on
+            log.warning("encoder refit failed: %s", exc)
+            refitted = True
+        self._done(model)
+        if not refitted:  # nothing to refit from: the MLP retrain that was due
+            try:
+                self(model)
+            except Exception as exc:  # noqa: BLE001 - the served MLP stays
+                log.warning("retrain of %s failed: %s", model, exc)
 
     def _done(self, model: str) -> None:
         with self._lock:

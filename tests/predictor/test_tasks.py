@@ -64,3 +64,25 @@ def test_retrain_refuses_too_little_data(embedder, tmp_path):
     with pytest.raises(ValueError, match="too few"):
         tasks.CeleryRetrainer(predictor, workdir=str(tmp_path))("m")
     assert not np.any([predictor.mlps.version("m")])
+
+
+def test_a_refit_under_celery_runs_in_the_service_process(monkeypatch, tmp_path):
+    """The encoder is the service's own: a due refit runs in a thread here, not as a task;
+    with nothing to refit from, the MLP retrain that was due is submitted instead."""
+    from services.predictor import refit
+
+    calls, submitted = [], []
+    predictor = type("P", (), {"take_refit": lambda self: True})()
+    retrainer = tasks.CeleryRetrainer(predictor, workdir=str(tmp_path))
+    monkeypatch.setattr(retrainer, "_submit", lambda model: submitted.append(model) or (
+        None, None))
+    monkeypatch.setattr(retrainer, "_await", lambda *a: retrainer._done(a[0]))
+    monkeypatch.setattr(refit, "refit_encoder", lambda p, stop=None: calls.append(p) or "new")
+    retrainer("m").join(10)
+    assert calls == [predictor] and submitted == [] and not retrainer._busy
+
+    monkeypatch.setattr(refit, "refit_encoder", lambda p, stop=None: None)
+    asked = [True]
+    predictor.take_refit = lambda: bool(asked) and asked.pop()  # due once
+    retrainer("m").join(10)
+    assert submitted == ["m"] and not asked
