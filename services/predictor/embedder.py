@@ -181,6 +181,15 @@ class Embedder:
         return np.hstack([vecs[:n], tails]) / np.float32(np.sqrt(2.0))
 
 
+def unload(path: str) -> None:
+    """Forget the encoder loaded from `path` and its vector caches (a refit that replaced
+    it deletes its files; each encoder holds tens of MB)."""
+    with _LOAD_LOCK:
+        for table in (_MODELS, _CACHES):
+            for key in [k for k in table if k[0] == path]:
+                del table[key]
+
+
 def _shared_cache(key: tuple, capacity: int) -> VectorCache:
     with _LOAD_LOCK:
         cache = _CACHES.get(key)

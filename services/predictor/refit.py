@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from services.predictor import mlp
-from services.predictor.embedder import Embedder, _meta
+from services.predictor.embedder import Embedder, _meta, unload
 from services.predictor.finetune import MIN_RECORDS, fine_tune_encoder
 from services.predictor.learning import TrainingSet, TrainingStopped, training_set
 from services.predictor.proxy import ProxyConfig
@@ -204,3 +204,4 @@ def _point_at(out_dir: str, new: str, old: str) -> None:
     if os.path.dirname(os.path.normpath(old)) == os.path.normpath(out_dir) \
             and os.path.basename(old).startswith(PREFIX):
         shutil.rmtree(old, ignore_errors=True)
+        unload(old)

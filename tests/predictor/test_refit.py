@@ -108,6 +108,8 @@ def test_the_next_refit_starts_from_the_base_encoder_and_drops_the_previous(tmp_
     assert refit.base_encoder(first) == default_encoder_path()
     assert refit.refit_encoder(p) == p.embedder.encoder_id
     assert p.embedder.path != first and not os.path.exists(first)
+    from services.predictor import embedder as embedder_module
+    assert not [k for k in embedder_module._MODELS if k[0] == first]  # nor held in memory
     assert refit.base_encoder(p.embedder.path) == default_encoder_path()  # not `first`
     assert refit.current_refit(str(tmp_path / "refit")) == p.embedder.path
     p.close()
