@@ -214,3 +214,21 @@ def test_with_a_qdrant_server_refits_need_a_lasting_directory(tmp_path, monkeypa
     kept = config_from_args(_parse(server + ["--refit-dir", str(tmp_path)]))
     assert kept.refit_first == 250 and kept.refit_dir == str(tmp_path)
     assert config_from_args(_parse(["predictor", "serve"])).refit_first == 250  # :memory:
+
+
+def test_served_the_refit_runs_in_the_retrain_thread(tmp_path):
+    """As `serve` and the embedded predictor run it: observe returns at once, the refit
+    lands from the retrain thread, and predictions go on during and after it."""
+    from services.predictor.learning import ThreadRetrainer
+
+    p = _seeded(_config(tmp_path, refit_epochs=1))
+    p.retrain_hook = hook = ThreadRetrainer(p)
+    before = p.embedder.encoder_id
+    assert p.observe(_served()).accepted == 64
+    thread = hook._busy.get("m")
+    assert thread is not None  # running in the background, not on the observe call
+    while thread.is_alive():
+        assert all(x.error is None for x in p.predict(["Write a detailed essay about jazz."]))
+        thread.join(0.2)
+    assert p.embedder.encoder_id != before and p.store.encoder == p.embedder.encoder_id
+    p.close()
