@@ -135,12 +135,12 @@ def refit_encoder(predictor, stop: threading.Event | None = None) -> str | None:
                    for m, rec in snapshot.items()}
         trained = {m: _train(predictor, m, rec, vectors[m], stop) for m, rec in snapshot.items()}
         with predictor._lock:
-            for m in snapshot:
-                now = predictor.store.records(m)
-                fresh = [i for i, pid in enumerate(now.ids) if pid not in vectors[m]]
-                vectors[m].update(zip([now.ids[i] for i in fresh],
-                                      _encode(embedder, [now.texts[i] for i in fresh])))
-                predictor.store.revector(m, vectors[m], embedder.encoder_id)
+            for m in predictor.store.models():  # a model first seen meanwhile is all fresh
+                now, done = predictor.store.records(m), vectors.setdefault(m, {})
+                fresh = [i for i, pid in enumerate(now.ids) if pid not in done]
+                done.update(zip([now.ids[i] for i in fresh],
+                                _encode(embedder, [now.texts[i] for i in fresh])))
+                predictor.store.revector(m, done, embedder.encoder_id)
             predictor.store.encoder = embedder.encoder_id
             predictor.embedder = embedder
             for m, parts in trained.items():

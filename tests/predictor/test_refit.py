@@ -232,3 +232,21 @@ def test_served_the_refit_runs_in_the_retrain_thread(tmp_path):
         thread.join(0.2)
     assert p.embedder.encoder_id != before and p.store.encoder == p.embedder.encoder_id
     p.close()
+
+
+def test_a_model_first_seen_during_a_refit_is_embedded_in_the_new_space(tmp_path, monkeypatch):
+    p = _seeded(_config(tmp_path, refit_first=0, refit_epochs=1))
+    p.observe(_served())
+    train = refit._train
+    prompt = "Name three primary colours."
+
+    def train_while_another_model_arrives(predictor, model, *args):
+        if not predictor.store.has_model("other"):
+            predictor.observe([Completion("other", prompt, 9, "o1")])
+        return train(predictor, model, *args)
+    monkeypatch.setattr(refit, "_train", train_while_another_model_arrives)
+    refit.refit_encoder(p)
+    (nb,) = p.store.search("other", p.embedder.encode([prompt]), 1)
+    assert nb.scores[0] == pytest.approx(1.0, abs=1e-4)
+    assert p.store.has_model("other")  # tagged with the new encoder: accepted
+    p.close()
