@@ -4,8 +4,9 @@ The encoder `build` fine-tunes bends the embedding space so that neighbours agre
 length, for the seed data's model. Observed replies of the served model then outweigh the
 seed data in retrieval and in the MLP (learning.py), but both work in that fixed space. A
 refit lets the served model's replies bend the space itself: on the Alpaca shift test
-(README), fine-tuning the encoder further on 500 observed replies took the median relative
-error from 0.444-0.447 to 0.416-0.417, on the same base encoder.
+(README), after 500 observed replies, it took the median relative error from 0.438-0.445 to
+0.414-0.425 on the length-aware encoder and from 0.510-0.529 to 0.467-0.500 on the stock
+MiniLM, and Kendall's tau up by 0.02-0.12.
 
 A refit (``Predictor.retrain`` runs it when one is due, in the retrain thread):
 
