@@ -80,9 +80,7 @@ class Predictor:
         self._trained: dict[str, learning.TrainedAt] = {}
         self._recent = RecentIds(config.dedup_window)
         self._tick = 0.0
-        # Encoder refits (refit.py): observed count when the last was asked, one pending.
-        self._refit_at = 0
-        self._refit_pending = False
+        self.refits = refit.Schedule()  # encoder refits (refit.py)
         self.refit_tmp: str | None = None  # refit_dir when the config names none
         # Embedded Qdrant is not safe for a write racing a search; one lock keeps it simple.
         self._lock = threading.RLock()
@@ -107,10 +105,7 @@ class Predictor:
         if not prompts:
             return []
         try:
-            embedder = self.embedder
-            vectors = embedder.encode(prompts, cache=True)
-            if self.embedder is not embedder:  # a refit swapped the encoder meanwhile
-                vectors = self.embedder.encode(prompts, cache=True)
+            vectors = self._current(self._embed(prompts, cache=True), prompts, cache=True)
         except Exception as exc:  # a broken encoder must not stop the service
             log.exception("embedding failed")
             return [self._default(model, PredictionError("INTERNAL", f"embedding failed: {exc}"))
@@ -230,12 +225,11 @@ class Predictor:
         return ObserveResult(accepted, len(records) - accepted, tuple(errors))
 
     def _observe_model(self, model: str, recs: list[Completion]) -> None:
-        embedder = self.embedder
-        vectors = embedder.encode([r.prompt for r in recs], cache=True)
+        prompts = [r.prompt for r in recs]
+        made = self._embed(prompts, cache=True)
         real = np.array([r.num_output_tokens for r in recs], np.float32)
         with self._lock:
-            if self.embedder is not embedder:  # a refit swapped the encoder meanwhile
-                vectors = self.embedder.encode([r.prompt for r in recs], cache=True)
+            vectors = self._current(made, prompts, cache=True)
             batch = self._analyse(model, vectors, seed_parts=True)
             before = self.num_observed(model)
             result = self.store.upsert(model, vectors, real, self._now(recs), observed=True,
@@ -264,6 +258,18 @@ class Predictor:
             self.residuals.add(model, source, residual[idx], None if keys is None else keys[idx],
                                weight, batch.coefs[idx])
 
+    def _embed(self, prompts: Sequence[str], cache: bool = False) -> tuple:
+        """(the encoder, its vectors of `prompts`), embedded outside the lock."""
+        embedder = self.embedder
+        return embedder, embedder.encode(list(prompts), cache=cache)
+
+    def _current(self, made: tuple, prompts: Sequence[str], cache: bool = False) -> np.ndarray:
+        """`_embed`'s vectors, made again if a refit swapped the encoder meanwhile (under the
+        lock, the vectors stored are then the served encoder's)."""
+        embedder, vectors = made
+        return vectors if self.embedder is embedder \
+            else self.embedder.encode(list(prompts), cache=cache)
+
     def kept_texts(self, prompts: Sequence[str]) -> list[str]:
         """What the DB keeps of prompts to embed them again (refit.py): the heads the encoder
         is given (a refit is off where tails are embedded too)."""
@@ -290,20 +296,14 @@ class Predictor:
         self._trigger_retrain(model)
 
     def _ask_refit(self) -> bool:
-        total = sum(self._observed.values())
-        with self._lock:
-            if self._refit_pending or not refit.due(self.config, total, self._refit_at):
-                return False
-            self._refit_at, self._refit_pending = total, True
+        if not self.refits.ask(self.config, sum(self._observed.values())):
+            return False
         self.stats["refits"] += 1
-        log.info("refitting the encoder: %d observed completions", total)
         return True
 
     def take_refit(self) -> bool:
         """Whether a refit was asked for; the caller then runs it (`refit.refit_encoder`)."""
-        with self._lock:
-            pending, self._refit_pending = self._refit_pending, False
-            return pending
+        return self.refits.take()
 
     def _trigger_retrain(self, model: str) -> None:
         if self.retrain_hook is not None:
@@ -319,11 +319,9 @@ class Predictor:
              now: float = 0.0) -> int:
         """Bulk-load (prompt, length) pairs from a data set as prior knowledge; returns the
         number of new points."""
-        embedder = self.embedder
-        vectors = embedder.encode(list(prompts))
+        made = self._embed(prompts)
         with self._lock:
-            if self.embedder is not embedder:  # a refit swapped the encoder meanwhile
-                vectors = self.embedder.encode(list(prompts))
+            vectors = self._current(made, prompts)
             return self.store.upsert(model, vectors, np.asarray(lengths, np.float32), now,
                                      observed=False,
                                      texts=self.kept_texts(prompts)).created

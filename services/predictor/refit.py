@@ -41,7 +41,7 @@ from services.predictor.embedder import Embedder, _meta, unload
 from services.predictor.finetune import MIN_RECORDS, fine_tune_encoder
 from services.predictor.learning import TrainingSet, TrainingStopped, training_set
 from services.predictor.proxy import ProxyConfig
-from services.predictor.store import StoredRecords
+from services.predictor.store import StoredRecords, stable_order
 from services.predictor.types import Source
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,29 @@ def due(config, num_observed: int, last: int) -> bool:
     if config.refit_first <= 0 or config.refit_epochs <= 0:
         return False
     return num_observed >= max(config.refit_first, 2 * last)
+
+
+class Schedule:
+    """When refits are due (`due`), and whether one was asked for and not yet taken."""
+
+    def __init__(self):
+        self._asked_at = 0  # observed completions when the last refit was asked for
+        self._pending = False
+        self._lock = threading.Lock()
+
+    def ask(self, config, num_observed: int) -> bool:
+        """Ask for a refit if one is due and none is pending; whether it was asked."""
+        with self._lock:
+            if self._pending or not due(config, num_observed, self._asked_at):
+                return False
+            self._asked_at, self._pending = num_observed, True
+        log.info("refitting the encoder: %d observed completions", num_observed)
+        return True
+
+    def take(self) -> bool:
+        with self._lock:
+            pending, self._pending = self._pending, False
+            return pending
 
 
 def base_encoder(path: str) -> str:
@@ -83,17 +106,15 @@ def training_pairs(records: dict[str, StoredRecords], max_records: int
     texts, logs, seen = [], [], []
     for rec in records.values():
         idx = np.flatnonzero(rec.observed)
-        if not len(idx):
-            continue
-        y = np.log1p(rec.lengths[idx].astype(float))
-        texts += [rec.texts[i] for i in idx]
-        logs.append(y - y.mean())
-        seen.append(rec.last_seen[idx])
+        if len(idx):
+            texts += [rec.texts[i] for i in idx]
+            logs.append(np.log1p(rec.lengths[idx].astype(float)))
+            seen.append(rec.last_seen[idx])
     if not texts:
         return [], np.zeros(0)
-    pooled = np.log1p(np.concatenate([r.lengths[r.observed] for r in records.values()]
-                                     ).astype(float)).mean()
-    y, recency = np.concatenate(logs) + pooled, np.concatenate(seen)
+    pooled = np.concatenate(logs).mean()
+    y = np.concatenate([y - y.mean() for y in logs]) + pooled
+    recency = np.concatenate(seen)
     keep = np.sort(np.argsort(-recency, kind="stable")[:max_records])
     return [texts[i] for i in keep], np.maximum(1, np.round(np.expm1(y[keep]))).astype(int)
 
@@ -183,7 +204,7 @@ def _train(predictor, model: str, rec: StoredRecords, vectors: dict, stop
     if len(rec.ids) < predictor.config.mlp.min_train_records:
         return None
     v = np.stack([vectors[pid] for pid in rec.ids]).astype(np.float32)
-    order = np.lexsort(v[:, :8].T[::-1])  # the same contents train the same MLP (export)
+    order = stable_order(v)
     data: TrainingSet = training_set(v[order], rec.lengths[order], rec.observed[order],
                                      predictor.seed_bias.shift(model, Source.MLP.value),
                                      predictor.config.observed_parity)

@@ -296,10 +296,16 @@ class LengthStore:
         vectors = np.array([p.vector for p in rows], dtype=np.float32)
         # Point ids are random, and so is the scroll's order: sorted by vector, the same
         # contents train the same MLP (its shuffles are seeded), run after run.
-        order = np.lexsort(vectors[:, :8].T[::-1])
+        order = stable_order(vectors)
         return (vectors[order],
                 np.array([p.payload["length"] for p in rows], dtype=np.float32)[order],
                 np.array([bool(p.payload.get("observed")) for p in rows], bool)[order])
+
+
+def stable_order(vectors: np.ndarray) -> np.ndarray:
+    """An order of rows that depends on the vectors alone, not on point ids or scroll order:
+    the same contents then train the same MLP (its shuffles are seeded)."""
+    return np.lexsort(vectors[:, :8].T[::-1])
 
 
 def merge_payload(old: dict, length: float, now: float, observed: bool, min_w: float) -> dict:
