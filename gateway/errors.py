@@ -48,15 +48,30 @@ def invalid(exc: InvalidRequestError) -> APIError:
     return APIError(400, str(exc), exc.field or None, exc.code)
 
 
-def describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
-    """The first pydantic complaint as one line, and the parameter it names."""
+def describe_validation(exc: RequestValidationError) -> APIError:
+    """The first pydantic complaint as one line, naming the parameter it is about."""
     errors = exc.errors()
     if not errors:
-        return "invalid request body", None
+        return APIError(400, "invalid request body", code="invalid_value")
     first = errors[0]
+    if first.get("type") == "json_invalid":
+        return APIError(400, malformed_json(first), code="invalid_json")
+    if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):
+        return APIError(400, "the request body is empty: send a JSON object",
+                        code="invalid_json")
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
-    return f"{param or 'body'}: {first.get('msg', 'invalid value')}", param
+    return APIError(400, f"{param or 'body'}: {first.get('msg', 'invalid value')}", param,
+                    "invalid_value")
+
+
+def malformed_json(error: dict) -> str:
+    """The parser's complaint and where: pydantic puts the character offset in ``loc``,
+    which is no parameter of the API (a client saw ``"param": "62"``)."""
+    reason = (error.get("ctx") or {}).get("error") or error.get("msg", "not JSON")
+    offset = next((p for p in error.get("loc", ()) if isinstance(p, int)), None)
+    where = f" at character {offset}" if offset is not None else ""
+    return f"malformed JSON in request body: {reason}{where}"
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -70,8 +85,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):
-        message, param = describe_validation(exc)
-        return error_response(APIError(400, message, param, "invalid_value"))
+        return error_response(describe_validation(exc))
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException):

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from gateway.errors import APIError, invalid
+from gateway.failures import GenerationFailed, failure
 from gateway.metrics import GatewayMetrics
 from gateway.sampling import Prompt
 from lenserve_contract.errors import InvalidRequestError
@@ -18,10 +19,6 @@ from lenserve_contract.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 # Detached aborts, referenced until done (the loop keeps only weak references to tasks).
 _ABORTS: set[asyncio.Task] = set()
-
-
-class GenerationFailed(Exception):
-    """The scheduler ended a request with an error after it started."""
 
 
 class Generation:
@@ -40,7 +37,8 @@ class Generation:
     async def start(cls, backend, metrics: GatewayMetrics, prompt: Prompt,
                     params: SamplingParams, kwargs: dict, prefix: str) -> Generation:
         """Send the request and wait for its first output, so that a refusal is still an HTTP
-        error (400 for bad input, 503 when the scheduler is unreachable), not a broken stream."""
+        error (400 for bad input, 503 when the scheduler is unreachable, 504 past a deadline),
+        not a broken stream."""
         gen = cls(backend, metrics, f"{prefix}-{uuid.uuid4().hex}", time.monotonic())
         gen.iterator = backend.generate(sampling_params=params, request_id=gen.request_id,
                                         **prompt.kwargs(), **kwargs)
@@ -51,8 +49,7 @@ class Generation:
         except StopAsyncIteration:
             raise APIError(503, "the scheduler ended the request without output") from None
         except Exception as exc:  # noqa: BLE001 - whatever the transport raised
-            log.warning("scheduler unavailable: %r", exc)
-            raise APIError(503, "the scheduler is unavailable", code="unavailable") from None
+            raise failure(exc, gen.request_id) from None
         return gen
 
     async def deltas(self) -> AsyncIterator[tuple[str, str | None]]:

@@ -28,7 +28,10 @@ def errors(*statuses: int) -> dict:
             405: "method not allowed",
             413: "request body larger than the limit",
             429: "the admission queue is full; see Retry-After",
-            503: "too many open requests (see Retry-After), or the generation failed"}
+            500: "the engine failed the request after it started",
+            502: "the scheduler failed the request",
+            503: "too many open requests (see Retry-After), or the scheduler is unavailable",
+            504: "the scheduler did not answer in time"}
     # Spelled out rather than ``model=``: FastAPI would file it under the route's own media
     # type, which for /metrics is text. The schema is registered by ``ErrorResponse`` below.
     return {status: {"description": text[status], "content": {"application/json": {
@@ -43,7 +46,7 @@ COMPLETION = {
     200: {"description": "the completion, or with `stream` server-sent events ending in "
                          "`data: [DONE]`",
           "content": {"application/json": {}, "text/event-stream": {"schema": SSE_EVENT}}},
-    **errors(400, 404, 429), **GUARDED,
+    **errors(400, 404, 429, 500, 502, 504), **GUARDED,
 }
 METRICS = {200: {"description": "Prometheus text exposition",
                  "content": {"text/plain": {"schema": {"type": "string"}}}}, **GUARDED}

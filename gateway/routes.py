@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from gateway.errors import APIError, error_body
+from gateway.failures import failure
 from gateway.generation import Generation
 from gateway.openapi import COMPLETION, GUARDED, METRICS
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -107,8 +108,7 @@ async def whole(gen: Generation, shape: CompletionShape, request: Request) -> Re
     try:
         parts = collect.result()
     except Exception as exc:  # noqa: BLE001 - the scheduler failed mid-request
-        log.warning("request %s failed: %s", gen.request_id, exc)
-        raise APIError(503, f"generation failed: {exc}", code="generation_failed") from None
+        raise failure(exc, gen.request_id) from None
     return JSONResponse(shape.full("".join(parts), gen.finish_reason, gen.usage()))
 
 
@@ -125,8 +125,8 @@ async def stream(gen: Generation, shape: CompletionShape, include_usage: bool):
             if text or finish_reason:
                 yield shape.event(text, finish_reason)
     except Exception as exc:  # noqa: BLE001 - headers are gone; say it in the stream
-        log.warning("stream %s failed: %s", gen.request_id, exc)
-        yield sse(error_body(503, f"generation failed: {exc}", code="generation_failed"))
+        err = failure(exc, gen.request_id)
+        yield sse(error_body(err.status, err.message, code=err.code))
     if include_usage:
         yield sse(shape.usage_chunk(gen.usage()))
     yield DONE

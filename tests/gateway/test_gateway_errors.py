@@ -89,9 +89,18 @@ def test_bad_chat_bodies_are_400(live, body):
     assert_error_shape(post(live, "/v1/chat/completions", body), 400)
 
 
-def test_malformed_json_is_400(live):
-    resp = httpx.post(live.url + "/v1/completions", content=b"{not json", headers=AUTH)
-    assert_error_shape(resp, 400)
+@pytest.mark.parametrize("content", [b"{not json", b'{"prompt": "x",, "max_tokens": 1}'])
+def test_malformed_json_is_400_and_says_so(live, content):
+    resp = httpx.post(live.url + "/v1/completions", content=content, headers=AUTH)
+    error = assert_error_shape(resp, 400)
+    assert error["message"].startswith("malformed JSON in request body: ")
+    assert "at character" in error["message"] and "JSON decode error" not in error["message"]
+    assert error["param"] is None and error["code"] == "invalid_json"
+
+
+def test_empty_body_is_400_asking_for_json(live):
+    error = assert_error_shape(httpx.post(live.url + "/v1/completions", headers=AUTH), 400)
+    assert "empty" in error["message"] and error["param"] is None
 
 
 def test_lone_surrogate_is_400(live):
