@@ -2,7 +2,11 @@
 sequences, attended context) and write the JSON profile that ``lenserve simulate --profile``
 fits its cost model to, with the time of swaps to and from the host KV tier. On a CPU the grid
 stays small: a few minutes for opt-125m. ``--swaps-only`` adds the swap measurements to an
-existing profile of the same model (``--out``), keeping its iteration points."""
+existing profile of the same model (``--out``), keeping its iteration points.
+
+The dtype defaults to ``auto``, as for ``serve`` and ``bench``: a profile is of the run it
+times, so one taken in another dtype than the runs it stands for models them wrongly. The
+profile records the dtype and device it was measured with."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from services.executor.attention.registry import BACKEND_CHOICES
+from services.hardware import DTYPE_AUTO_HELP
 
 
 def register(subparsers) -> None:
@@ -19,7 +24,7 @@ def register(subparsers) -> None:
                               description=__doc__)
     p.add_argument("--model", required=True, help="preset name or local checkpoint directory")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="auto", help=DTYPE_AUTO_HELP)
     p.add_argument("--attention-backend", default="auto", choices=BACKEND_CHOICES)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
@@ -53,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
                           progress=bar)
     profile.save(args.out)
     model, report = profile.fit()
-    print(f"{len(profile.points)} points written to {args.out}")
+    print(f"{len(profile.points)} points written to {args.out} ({profile.shape.name} in "
+          f"{profile.shape.dtype} on {profile.device})")
     print(model.describe())
     print(report)
     return 0
@@ -67,11 +73,12 @@ def _add_swaps(args: argparse.Namespace, executor, swap) -> int:
 
     profile = load_profile(args.out)
     info = executor.model_info()
-    if (profile.shape.name, profile.device, profile.block_size) != (
-            info.name, executor.device.type, info.block_size):
-        raise ValueError(f"{args.out} profiles {profile.shape.name} on {profile.device} with "
-                         f"blocks of {profile.block_size}; this executor is {info.name} on "
-                         f"{executor.device.type} with blocks of {info.block_size}")
+    if (profile.shape.name, profile.shape.dtype, profile.device, profile.block_size) != (
+            info.name, info.dtype, executor.device.type, info.block_size):
+        raise ValueError(f"{args.out} profiles {profile.shape.name} in {profile.shape.dtype} "
+                         f"on {profile.device} with blocks of {profile.block_size}; this "
+                         f"executor is {info.name} in {info.dtype} on {executor.device.type} "
+                         f"with blocks of {info.block_size}")
     meta = dict(profile.meta or {}, swap_date=datetime.now(timezone.utc).isoformat(
         timespec="seconds"))
     profile = dataclasses.replace(profile, swap=swap, meta=meta)

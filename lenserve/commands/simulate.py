@@ -26,6 +26,7 @@ from lenserve.commands.bench import (
 )
 from lenserve.commands.engine_args import add_engine_arguments
 from lenserve.workloads import load_samples
+from services.hardware import DTYPE_AUTO_HELP
 from services.predictor.local import reads_prompts
 from services.scheduler.policies import POLICIES
 from services.simulator.roofline import HARDWARE
@@ -44,6 +45,12 @@ def register(subparsers) -> None:
                                      "bundled opt-125m CPU profile)")
     p.add_argument("--hardware", choices=sorted(HARDWARE), help="roofline mode: the device")
     p.add_argument("--model-shape", choices=sorted(MODEL_SHAPES), help="roofline mode: the model")
+    p.add_argument("--dtype", default="auto",
+                   help="the dtype of the run modelled, as `bench --dtype` (a profile measured in "
+                        f"another is noted on stderr). {DTYPE_AUTO_HELP}")
+    p.add_argument("--device", default="cpu",
+                   help="the device of the run modelled, as `bench --device` (a profile measured "
+                        "on another is noted on stderr)")
     add_workload_arguments(p)
     add_engine_arguments(p)
     p.set_defaults(func=run_simulate)
@@ -80,11 +87,15 @@ def sim_target(args: argparse.Namespace):
 
 def run_simulate(args: argparse.Namespace) -> int:
     from lenserve.bench.simulation import SimSpec, simulate
+    from services.simulator.target import precision_mismatch
 
     specs = parse_sim_backends(args.backends)
     slos, rates = parse_goodput(args.goodput), parse_rates(args)
     jct_slo = parse_jct_slo(args.jct_slo)
     target = sim_target(args)
+    mismatch = precision_mismatch(target, args.dtype, args.device)
+    if mismatch:
+        print(mismatch, file=sys.stderr)
     if args.model is None:   # the workload is counted in the simulated model's tokenizer
         args.model = target.shape.name if target.shape.name in _presets() else "opt-125m"
     tokenizer = load_tokenizer(args)

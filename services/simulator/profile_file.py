@@ -1,5 +1,7 @@
-"""The measured profile: a JSON file of the model's shape, where it was measured and the raw
-points (a batch, described as groups of identical sequences, and its measured seconds)."""
+"""The measured profile: a JSON file of the model's shape, where and in which dtype it was
+measured, and the raw points (a batch, described as groups of identical sequences, and its
+measured seconds). The dtype is the shape's (``model.dtype``), repeated beside ``device`` at the
+top so that a reader sees at once what the times are of; both must agree."""
 from __future__ import annotations
 
 import json
@@ -68,7 +70,7 @@ class Profile:
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "model": self.shape.as_dict(),
-                "device": self.device, "block_size": self.block_size,
+                "device": self.device, "dtype": self.shape.dtype, "block_size": self.block_size,
                 "num_gpu_blocks": self.num_gpu_blocks, "knots": list(self.knots),
                 "meta": self.meta or {},
                 "points": [{"groups": [list(g) for g in p.groups], "seconds": list(p.seconds)}
@@ -100,7 +102,10 @@ def parse_profile(data: dict) -> Profile:
     if len(points) < 2:
         raise ValueError("fewer than two measured points")
     swap = tuple(_swap_point(p) for p in data.get("swap", ()))
-    return Profile(ModelShape.from_dict(data["model"]), str(data["device"]),
+    shape = ModelShape.from_dict(data["model"])
+    if data.get("dtype", shape.dtype) != shape.dtype:
+        raise ValueError(f"\"dtype\": {data['dtype']!r} but the model's is {shape.dtype!r}")
+    return Profile(shape, str(data["device"]),
                    int(data["block_size"]), int(data["num_gpu_blocks"]), points,
                    tuple(int(k) for k in data.get("knots", ())), data.get("meta"), swap)
 

@@ -20,6 +20,7 @@ class SimTarget:
     block_size: int
     notes: tuple[str, ...]     # what the numbers rest on, estimates named as such
     link: HostLink | None = None    # the host KV tier's copies (None: none measured)
+    device: str | None = None  # where a measured profile ran ("cpu", "cuda"); None: roofline
 
 
 def from_profile(path: str, model: str | None = None) -> SimTarget:
@@ -31,8 +32,9 @@ def from_profile(path: str, model: str | None = None) -> SimTarget:
                          f"{model!r}; profile {model} with `lenserve profile` first")
     cost, report = profile.fit()
     meta = profile.meta or {}
-    notes = (f"measured profile {path} ({profile.shape.name}, {profile.device} "
-             f"{meta.get('device_name', '')}, {meta.get('date', 'undated')})",
+    notes = (f"modelling {profile.shape.name} in {profile.shape.dtype} on {profile.device}: "
+             f"measured profile {path} ({profile.device} {meta.get('device_name', '')}, "
+             f"{meta.get('date', 'undated')})",
              cost.describe(), str(report),
              f"KV pool: {profile.num_gpu_blocks} blocks of {profile.block_size} (the real "
              f"executor's default on that device)")
@@ -40,7 +42,40 @@ def from_profile(path: str, model: str | None = None) -> SimTarget:
     if link is not None:
         notes += (link.describe(),)
     return SimTarget(profile.shape, cost, profile.num_gpu_blocks, profile.block_size, notes,
-                     link)
+                     link, profile.device)
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """What ``--dtype`` becomes on ``device`` in the real executor: the rule of
+    ``services.executor.models.loader.resolve_dtype``, restated here because that module
+    imports torch, which a simulation otherwise never loads (seconds of start-up)."""
+    from services.hardware import cpu_has_native_bf16
+
+    if dtype != "auto":
+        return dtype
+    native = device_type(device) == "cuda" or cpu_has_native_bf16()
+    return "bfloat16" if native else "float32"
+
+
+def device_type(device: str) -> str:
+    return device.split(":", 1)[0]
+
+
+def precision_mismatch(target: SimTarget, dtype: str, device: str) -> str | None:
+    """One line when the measured profile ran in another dtype or on another device than the
+    run being modelled: its times are then those of the profile's setting, not the asked one
+    (an opt-125m CPU profile in float32 predicted 4x the E2E latency of a bfloat16 run)."""
+    if target.device is None:        # the roofline takes its device and dtype from its flags
+        return None
+    asked = (resolve_dtype(dtype, device), device_type(device))
+    measured = (target.shape.dtype, device_type(target.device))
+    if asked == measured:
+        return None
+    how = "" if dtype != "auto" else " (--dtype auto here)"
+    return (f"note: the profile was measured in {measured[0]} on {measured[1]}, but "
+            f"{asked[0]} on {asked[1]}{how} is asked: simulated times are those of "
+            f"{measured[0]} on {measured[1]}; run `lenserve profile --model "
+            f"{target.shape.name} --dtype {asked[0]} --device {device}` to model it")
 
 
 def from_roofline(hardware_name: str, shape_name: str, block_size: int = 16) -> SimTarget:

@@ -129,3 +129,8 @@ def test_profile_command_writes_grid_and_serving_points(tmp_path, capsys):
     assert meta["serving_points"] == 20 and len(profile.points) == meta["grid_points"] + 20
     assert all(len(p.seconds) == 1 for p in profile.points[-20:])
     assert f"{len(profile.points)} points written" in capsys.readouterr().out
+    # --dtype auto, as every other command: the executor's resolution of it is recorded
+    from services.executor.models.loader import resolve_dtype
+    data = json.loads(out.read_text())
+    assert data["dtype"] == profile.shape.dtype == resolve_dtype("auto", "cpu")
+    assert data["device"] == "cpu"
