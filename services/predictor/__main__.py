@@ -1,4 +1,7 @@
-"""`python -m services.predictor` / `lenserve predictor serve|build|eval`: CLI → frozen config."""
+"""`python -m services.predictor` / `lenserve predictor serve|build`: CLI → frozen config.
+
+The offline eval (`lenserve predictor eval`) lives in `evaluation.predictor`, above this
+package: it reuses the flags and helpers here, and nothing here imports it."""
 from __future__ import annotations
 
 import argparse
@@ -157,6 +160,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "(earlier while few were observed; 0 = never automatically)")
     p.add_argument("--retrain-interval-s", type=float, default=0.0,
                    help="also retrain periodically (0 = off)")
+    p.add_argument("--seed-data", metavar="bundled|FILE|none",
+                   default=os.environ.get("LENSERVE_PREDICTOR_SEED", "none"),
+                   help="the prior of a --model the DB holds nothing for yet: the bundled 2,000 "
+                        "ShareGPT prompts and reply lengths, a JSON-lines file of {prompt, "
+                        "output_len}, or none (learn from served requests only)")
 
 
 def _start_kafka(args, predictor, stop: threading.Event) -> threading.Thread | None:
@@ -216,6 +224,9 @@ async def serve_async(args) -> int:
         predictor.store.close()
         return 2
     load_or_train_mlps(predictor)
+    if not seed_if_empty(predictor, args):
+        predictor.store.close()
+        return 2
     server, port = build_server(predictor, f"{args.host}:{args.port}")
     await server.start()
     await mark_serving(server)
@@ -234,6 +245,23 @@ async def serve_async(args) -> int:
     await server.stop(grace=5)
     predictor.close()
     return 0
+
+
+def seed_if_empty(predictor, args) -> bool:
+    """Seed --model from --seed-data unless the DB already holds it (a DB that outlives a
+    restart, on disk or in a Qdrant server, is seeded once). False: the seed is unreadable."""
+    from services.predictor.local import seed_core
+
+    if args.seed_data == "none" or args.model in predictor.store.models():
+        return True
+    path = None if args.seed_data == "bundled" else args.seed_data
+    try:
+        count = seed_core(predictor, args.model, path)
+    except (OSError, ValueError) as exc:
+        log.error("cannot seed from %s: %s", args.seed_data, exc)
+        return False
+    log.info("seeded %s with %d records from %s", args.model, count, args.seed_data)
+    return True
 
 
 def serve(args) -> int:
@@ -383,12 +411,6 @@ def register_subcommands(sub) -> None:
     b.add_argument("--encoder-out", default=None,
                    help="where the fine-tuned encoder goes (default: beside --qdrant-path)")
     b.set_defaults(func=build)
-    from services.predictor.eval_cli import add_eval_args, evaluate
-
-    e = sub.add_parser("eval", help="ALISE vs baselines on a train/test split, or --shift: "
-                                    "seeded from one model's replies, serving another")
-    add_eval_args(e)
-    e.set_defaults(func=evaluate)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,9 @@
 import argparse
 import logging
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,25 +46,6 @@ def args_config(db):
     return PredictorConfig(store=StoreConfig(qdrant_path=db))
 
 
-def test_eval_prints_every_method(capsys):
-    args = _parse(["predictor", "eval", "--dataset-name", "alpaca", "--dataset-path", ALPACA,
-                   "--num-train", "60", "--num-test", "30", "--proxy-epochs", "0",
-                   "--bucket-width", "50", "--finetune-epochs", "1", "--finetune-layers", "2",
-                   "--max-seq-length", "16"])
-    assert args.func(args) == 0
-    out = capsys.readouterr().out
-    for method in ("global mean", "retrieval only", "MLP only", "ALISE", "[450,inf)",
-                   "ALISE + tuned encoder"):
-        assert method in out
-
-
-def test_missing_dataset_is_a_clear_error():
-    args = _parse(["predictor", "eval", "--dataset-name", "sharegpt", "--dataset-path",
-                   "/nonexistent.json"])
-    with pytest.raises(FileNotFoundError, match="dataset file not found"):
-        args.func(args)
-
-
 @pytest.mark.parametrize("argv, records, epochs", [
     ([], 2000, 2),  # enough records and a place beside the DB: the length-aware encoder
     ([], 1999, 0),
@@ -100,30 +84,6 @@ def test_a_file_of_the_other_format_is_named_with_the_fix(capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--dataset-name sharegpt" in err and "Extra data" not in err
-    swapped = ["predictor", "eval", "--dataset-name", "sharegpt", "--dataset-path", ALPACA]
-    with pytest.raises(ValueError, match="looks like Alpaca data .*use --dataset-name alpaca"):
-        _parse(swapped).func(_parse(swapped))
-
-
-def test_eval_shift_reports_cold_learnt_and_observed_only(capsys):
-    """Seeded with Alpaca replies, serving a model 4× terser on other Alpaca prompts."""
-    args = _parse(["predictor", "eval", "--dataset-name", "alpaca", "--dataset-path", ALPACA,
-                   "--num-train", "200", "--shift", "alpaca", "--shift-path", ALPACA,
-                   "--shift-scale", "0.25", "--shift-observe", "100", "--shift-test", "100",
-                   "--shift-checkpoints", "50", "--finetune-epochs", "0", "--max-seq-length", "16",
-                   "--mlp-ensemble", "1"])
-    assert args.func(args) == 0
-    out = capsys.readouterr().out
-    names = ["cold (seed only)", "after 50 observed", "after 100 observed",
-             "observed only (100)"]
-    median_re = {}  # columns after the name: acc, meanRE, medRE, ...
-    for line in out.splitlines():
-        for name in names:
-            if line.startswith(name + " "):
-                median_re[name] = float(line[len(name):].split()[2])
-    assert set(median_re) == set(names)
-    assert median_re["after 100 observed"] < 0.5 * median_re["cold (seed only)"]
-    assert "predict" in out and "observe" in out  # the latency of both
 
 
 def test_build_with_finetune_leaves_the_encoder_that_serve_uses(tmp_path, capsys, caplog):
@@ -177,3 +137,33 @@ def test_finetune_without_a_place_for_the_encoder_is_refused():
                    "--num-train", "40", "--finetune-epochs", "1"])
     with pytest.raises(SystemExit, match="--encoder-out"):
         args.func(args)
+
+
+def test_serve_and_build_never_import_the_evaluation_package():
+    # A fresh interpreter: another test may already have imported evaluation/ here.
+    code = ("import sys; from lenserve.cli import build_parser; "
+            "build_parser().parse_args(['predictor', 'serve']); "
+            "build_parser().format_help(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'evaluation'))")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=root).stdout
+    assert out.strip() == "[]"
+
+
+def test_eval_without_the_evaluation_package_says_where_it_is(monkeypatch, capsys):
+    # None in sys.modules makes the import fail as a missing module does.
+    monkeypatch.setitem(sys.modules, "evaluation.predictor.eval_cli", None)
+    with pytest.raises(SystemExit) as exc:
+        _parse(["predictor", "eval", "--dataset-name", "alpaca", "--dataset-path", ALPACA])
+    assert exc.value.code == 2
+    assert "needs the evaluation package" in capsys.readouterr().err
+
+
+def test_eval_help_lists_its_flags_through_lenserve(capsys):
+    from lenserve.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["predictor", "eval", "--help"])
+    out = capsys.readouterr().out
+    assert "usage: lenserve predictor eval" in out and "--shift-scale" in out

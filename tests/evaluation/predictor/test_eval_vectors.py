@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from evaluation.predictor.eval_vectors import VectorReuse
 from services.predictor.config import EmbedderConfig
-from services.predictor.eval_vectors import VectorReuse
 
 PROMPTS = ["Name three rivers of Europe", "Write a long essay on the history of Rome",
            "Name three rivers of Europe", "Translate 'good morning' into French"]

@@ -8,6 +8,7 @@ import logging
 
 import numpy as np
 
+from evaluation.predictor.eval_vectors import VectorReuse
 from services.predictor.__main__ import (
     add_common,
     add_data_args,
@@ -18,11 +19,16 @@ from services.predictor.__main__ import (
 )
 from services.predictor.config import StoreConfig
 from services.predictor.embedder import resolve_precision
-from services.predictor.eval_vectors import VectorReuse
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m evaluation.predictor") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    add_eval_args(parser)
+    return evaluate(parser.parse_args(argv))
 
 
 def evaluate(args) -> int:
-    from services.predictor import evaluate as ev
+    from evaluation.predictor import evaluate as ev
     from services.predictor.proxy import ProxyConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -49,8 +55,9 @@ def evaluate(args) -> int:
 
 
 def evaluate_shift(args) -> int:
-    from services.predictor import datasets, shift_eval
-    from services.predictor import evaluate as ev
+    from evaluation.predictor import evaluate as ev
+    from evaluation.predictor import shift_eval
+    from services.predictor import datasets
 
     if not args.shift_path:
         raise ValueError("--shift needs --shift-path: the file of the served model's replies")
@@ -96,7 +103,7 @@ def evaluate_shift(args) -> int:
 
 
 def _metric(real, args):
-    from services.predictor import evaluate as ev
+    from evaluation.predictor import evaluate as ev
 
     return lambda pred, upper=None: ev.length_metrics(pred, real, upper, args.bucket_width,
                                                       args.num_buckets)

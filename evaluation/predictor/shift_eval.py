@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
+from evaluation.predictor.eval_vectors import VectorReuse
+from evaluation.predictor.evaluate import EVAL_MODEL, EvalData, Row, build_predictor
 from services.predictor.config import PredictorConfig
 from services.predictor.core import Predictor
-from services.predictor.eval_vectors import VectorReuse
-from services.predictor.evaluate import EVAL_MODEL, EvalData, Row, build_predictor
 from services.predictor.types import Completion
 
 log = logging.getLogger(__name__)

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from evaluation.predictor.eval_vectors import VectorReuse
 from services.predictor import datasets
 from services.predictor.config import PredictorConfig, StoreConfig
 from services.predictor.core import Predictor
-from services.predictor.eval_vectors import VectorReuse
 from services.predictor.finetune import fine_tune_encoder
 from services.predictor.metrics import LengthMetrics, latency_percentiles, length_metrics
 from services.predictor.proxy import ProxyConfig, ProxyRegressor
