@@ -4,7 +4,7 @@
 2. kill -9 of the executor under load -> in-flight requests end with a clear error, and
    requests sent after the executor is restarted succeed.
 
-    python scripts/services_demo.py --model opt-tiny [--requests 12]
+    python3 -m evaluation.services.fault_demo --model opt-tiny [--requests 12]
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from lenserve.client import AsyncClient, SamplingParams  # noqa: E402

@@ -2,8 +2,8 @@
 # The simulated policy sweep of the README's "Policies at paper scale" (estimates): one
 # `lenserve simulate` per policy, so each JSON stays small and the embedded predictor's
 # vectors are shared by the runs of one process. Usage:
-#   scripts/policy_sweep.sh OUTDIR DATASET NUM_PROMPTS NUM_GPU_BLOCKS RATES [MODEL_SHAPE] [POLICIES]
-# e.g. scripts/policy_sweep.sh results/raw/sharegpt sharegpt 2000 1024 2,4,5,6,7,8,10,12,16
+#   evaluation/policies/sweep.sh OUTDIR DATASET NUM_PROMPTS NUM_GPU_BLOCKS RATES [MODEL_SHAPE] [POLICIES]
+# e.g. evaluation/policies/sweep.sh results/raw/sharegpt sharegpt 2000 1024 2,4,5,6,7,8,10,12,16
 # --repeat-dataset cycles the dataset when NUM_PROMPTS exceeds it (Alpaca's 1k records).
 # PREDICTOR=oracle gives the length-aware policies the true lengths instead of the embedded
 # predictor (the mechanism without prediction error). SWAP_SPACE=GIB gives every run a host KV

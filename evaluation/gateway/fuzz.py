@@ -3,7 +3,7 @@ the fake model (with an API key), every schemathesis check but ``positive_data_a
 each request allowed 120 s, then a count of the requests sent per operation and status.
 Exits non-zero on any failure or any 5xx.
 
-    python scripts/gateway_fuzz.py --max-examples 400 --seed 0     # about 1,500 cases
+    python3 -m evaluation.gateway.fuzz --max-examples 400 --seed 0    # about 1,500 cases
 
 ``positive_data_acceptance`` is left out because the OpenAPI schema cannot say everything the
 gateway checks: limits across fields (``min_tokens <= max_tokens``), the served model's

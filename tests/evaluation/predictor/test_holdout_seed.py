@@ -1,4 +1,4 @@
-"""``scripts/holdout_seed.py``: a predictor's seed that leaves out exactly the prompts the
+"""``evaluation/predictor/holdout_seed.py``: a predictor's seed that leaves out exactly the prompts the
 benchmark samples, for ShareGPT and Alpaca alike."""
 import gzip
 import json
@@ -10,7 +10,8 @@ from lenserve.workloads.datasets import load_samples
 from lenserve.workloads.sampling import SampleConfig, sample_requests
 from services.executor.factory import load_tokenizer
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "holdout_seed.py"
+# Run by path: it needs only the installed lenserve and services packages.
+SCRIPT = Path(__file__).resolve().parents[3] / "evaluation" / "predictor" / "holdout_seed.py"
 
 
 def test_an_alpaca_seed_holds_out_the_benchmark_prompts_and_reads_back(tmp_path):

@@ -1,6 +1,6 @@
 """Share of an engine step spent in update/output building, with and without detokenizing.
 
-    python3 scripts/detokenize_cost.py [--model opt-tiny] [--requests 256] [--runs 2]
+    python3 -m evaluation.engine.detokenize_cost [--model opt-tiny] [--requests 256] [--runs 2]
 
 Runs the same greedy requests (forced lengths) through ``LLMEngine`` with
 ``SamplingParams(detokenize=True)`` and ``False``, alternating, and prints each run's step
@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the checkout
 
 from lenserve.engine.llm_engine import EngineConfig, LLMEngine
 from lenserve_contract.sampling_params import SamplingParams

@@ -1,12 +1,7 @@
-"""``scripts/sim_fidelity.py``: real and simulated runs paired by policy and rate."""
-import importlib.util
+"""``evaluation/simulator/fidelity.py``: real and simulated runs paired by policy and rate."""
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sim_fidelity.py"
-spec = importlib.util.spec_from_file_location("sim_fidelity", SCRIPT)
-fidelity = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fidelity)
+from evaluation.simulator import fidelity
 
 
 def summary(e2e_mean, ttft_mean, tok_s, p99, inputs=100):

@@ -1,11 +1,14 @@
-"""``scripts/prediction_sensitivity.py``: a policy's sustained rate on noisy true lengths and
-on real predictors, as multiples of oracle's and vllm's (from result JSONs already there)."""
+"""``evaluation/policies/prediction_sensitivity.py``: a policy's sustained rate on noisy true
+lengths and on real predictors, as multiples of oracle's and vllm's (from result JSONs already
+there)."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "prediction_sensitivity.py"
+# The checkout, where `python3 -m evaluation...` finds the package without an install.
+ROOT = Path(__file__).resolve().parents[3]
+MODULE = "evaluation.policies.prediction_sensitivity"
 
 
 def result(path: Path, points, predicted=None):
@@ -27,9 +30,9 @@ def test_rows_give_the_rate_under_the_slo_against_oracle_and_vllm(tmp_path):
            predicted=[10, 20, 40, 80])                                   # at 2
     result(tmp_path / "alise_embedded.json", [(1, 0.05), (2, 0.05), (4, 0.05)],
            predicted=[80, 40, 20, 10])                                   # never: >= 4
-    out = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--sigmas", "0.5",
+    out = subprocess.run([sys.executable, "-m", MODULE, "--out", str(tmp_path), "--sigmas", "0.5",
                           "--seeds", "0", "1", "--predictors", "embedded", "--slo", "0.1"],
-                         check=True, capture_output=True, text=True).stdout
+                         check=True, capture_output=True, text=True, cwd=ROOT).stdout
     rows = {line.split(" | ")[0].strip("| "): line.rstrip(" |").split(" | ")[1:]
             for line in out.splitlines() if line.startswith("| ") and "---" not in line}
     # Median relative error and Spearman over every run (seed 0: 0.25 and 0.89, seed 1:

@@ -1,7 +1,7 @@
-"""Tables and the figure of a policy sweep: simulated (``scripts/policy_sweep.sh``) or real
+"""Tables and the figure of a policy sweep: simulated (``evaluation/policies/sweep.sh``) or real
 (``lenserve bench`` with ``lenserve:<policy>`` backends and ``--sweep-rates``).
 
-    python scripts/policy_tables.py RAW_DIR LABEL --out results/policies [--slo 0.05 0.1]
+    python3 -m evaluation.policies.tables RAW_DIR LABEL --out results/policies [--slo 0.05 0.1]
 
 RAW_DIR holds ``lenserve simulate`` or ``lenserve bench`` result JSONs (one per policy, or one
 with every policy). Writes LABEL.summary.json (each

@@ -2,7 +2,7 @@
 (simulated): the policy run on the true lengths with log-normal error of chosen sizes, beside
 the same policy on real predictors.
 
-    python scripts/prediction_sensitivity.py --out DIR --sigmas 0.25 0.5 1 --seeds 0 1 2 \\
+    python3 -m evaluation.policies.prediction_sensitivity --out DIR --sigmas 0.25 0.5 1 --seeds 0 1 2 \\
         --predictors embedded embedded:DB --slo 0.08 0.1 0.12 -- \\
         --model opt-125m --dataset-name alpaca --dataset-path alpaca_data_1k_random_subset.json \\
         --num-prompts 60 --max-model-len 256 --num-gpu-blocks 33 --swap-space 1 --seed 0 \\
@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from policy_tables import NL, prediction_stats, sustained_rate
+
+from evaluation.policies.tables import NL, prediction_stats, sustained_rate
 
 
 def simulate(out: Path, name: str, policy: str, predictor: str, flags: list[str]) -> Path:

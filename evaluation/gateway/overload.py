@@ -1,8 +1,8 @@
 """Overload ``lenserve serve``: measure the sustainable rate, then offer 10x that for a bounded
 time. Every request must end with 200, 429 or 503 (none hangs); reports the server's peak RSS.
 
-    python scripts/gateway_overload.py --model fake --seconds 10
-    python scripts/gateway_overload.py --model opt-125m --seconds 60
+    python3 -m evaluation.gateway.overload --model fake --seconds 10
+    python3 -m evaluation.gateway.overload --model opt-125m --seconds 60
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def start_server(args, log: Path) -> tuple[subprocess.Popen, str]:

@@ -7,11 +7,11 @@ comes back: httpx spends about 1.4 ms of its own per request on this 2-core mach
 /health: 1.9 ms with httpx, 0.5 ms over the raw socket), which is the client's cost, not
 the gateway's.
 
-    python scripts/gateway_overhead.py --requests 300            # engine and gateway in-process
-    python scripts/gateway_overhead.py --requests 300 --stack    # `lenserve up`: the gRPC SDK
-                                                                 # to the scheduler vs the gateway
-    python scripts/gateway_overhead.py --app-only                # the ASGI app alone, over a
-                                                                 # scheduler that answers at once
+    python3 -m evaluation.gateway.overhead --requests 300          # engine and gateway in-process
+    python3 -m evaluation.gateway.overhead --requests 300 --stack  # `lenserve up`: the gRPC SDK
+                                                                   # to the scheduler vs the gateway
+    python3 -m evaluation.gateway.overhead --app-only              # the ASGI app alone, over a
+                                                                   # scheduler that answers at once
 """
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ async def measure(engine, url: str, n: int, max_tokens: int, client_kind: str = 
     return direct, via
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def start_stack(log: Path) -> tuple[subprocess.Popen, str, str]:

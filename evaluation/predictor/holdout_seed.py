@@ -1,6 +1,6 @@
 """Seed files for a predictor that a benchmark can be run against without leaking its answers.
 
-    python scripts/holdout_seed.py --dataset-path sharegpt_v3_first_turn.jsonl.gz \
+    python3 -m evaluation.predictor.holdout_seed --dataset-path sharegpt_v3_first_turn.jsonl.gz \
         --num-prompts 60 --seed 0 --max-model-len 256 --model opt-125m --out DIR
 
 Picks the prompts ``lenserve bench`` samples with the same ``--dataset-name``,

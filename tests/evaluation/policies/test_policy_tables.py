@@ -1,12 +1,7 @@
-"""``scripts/policy_tables.py``: sustained rates and throughput under a latency bound."""
-import importlib.util
+"""``evaluation/policies/tables.py``: sustained rates and throughput under a latency bound."""
 import math
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "policy_tables.py"
-spec = importlib.util.spec_from_file_location("policy_tables", SCRIPT)
-tables = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(tables)
+from evaluation.policies import tables
 
 
 def run(policy, rate, p99_gap_s, tok_s):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The simulator's fidelity on this machine: profile the executor, run the real engine, replay
-# the same workload in the simulator with that profile, compare (scripts/sim_fidelity.py).
-#   scripts/sim_fidelity.sh OUTDIR [RATES] [MAX_MODEL_LEN]
+# the same workload in the simulator with that profile, compare (evaluation/simulator/fidelity.py).
+#   evaluation/simulator/fidelity.sh OUTDIR [RATES] [MAX_MODEL_LEN]
 # One intra-op thread everywhere (the profile and the real runs must see the same machine);
 # run it on a quiet machine: another job on the cores changes iteration times by 2x.
 set -euo pipefail
@@ -17,4 +17,4 @@ lenserve bench --backends lenserve:vllm,lenserve:orca --model opt-125m "${common
   --result-json "$out/real.json" > "$out/real.log" 2>&1
 lenserve simulate --profile "$out/profile.json" --backends sim:vllm,sim:orca --predictor none \
   "${common[@]}" --result-json "$out/sim.json" > "$out/sim.log" 2>&1
-python3 "$(dirname "$0")/sim_fidelity.py" "$out/real.json" "$out/sim.json" | tee "$out/fidelity.txt"
+python3 "$(dirname "$0")/fidelity.py" "$out/real.json" "$out/sim.json" | tee "$out/fidelity.txt"

@@ -4,7 +4,7 @@ eval --shift`): it fits off-the-shelf learners to ``--num-observe`` records and 
 ``--num-test`` others, over ``--splits`` random splits, so that one split's figure can be read
 against the spread between splits.
 
-    python scripts/predictor_ceiling.py --dataset-name alpaca \
+    python3 -m evaluation.predictor.ceiling --dataset-name alpaca \
         --dataset-path alpaca_data_1k_random_subset.json [--encoder DIR] [--splits 10]
 
 Features: the prompt's vector (the stock MiniLM, or ``--encoder``), plus its log token count
@@ -47,12 +47,12 @@ def main() -> int:
     from sklearn.neighbors import KNeighborsRegressor
     from sklearn.svm import SVR
 
+    from evaluation.predictor.shift_eval import scaled
     from services.predictor import datasets
     from services.predictor.config import EmbedderConfig
     from services.predictor.embedder import Embedder
     from services.predictor.finetune import DEFAULT_WINDOW, fine_tune_encoder
     from services.predictor.proxy import ProxyConfig
-    from services.predictor.shift_eval import scaled
 
     samples = datasets.load(args.dataset_name, args.dataset_path)
     if args.num_observe + args.num_test > len(samples):

@@ -1,6 +1,6 @@
 """Where a prediction's time goes: encoder, search + MLP, and observe, per prompt.
 
-    python scripts/predictor_path_timing.py --seed-path sharegpt_v3_first_turn.jsonl.gz \
+    python3 -m evaluation.predictor.path_timing --seed-path sharegpt_v3_first_turn.jsonl.gz \
         --served-path alpaca_data_1k_random_subset.json [--num-seed 8000] [--rounds 3] \
         [--encoder DIR] [--padded-passes] [--threads N] [--compare-passes]
 
@@ -21,12 +21,12 @@ import time
 import numpy as np
 import torch
 
+from evaluation.predictor.eval_vectors import VectorReuse
+from evaluation.predictor.evaluate import EVAL_MODEL, build_predictor, prepare
+from evaluation.predictor.shift_eval import BATCH, observe_in_batches
 from services.predictor import datasets
 from services.predictor.config import EmbedderConfig, PredictorConfig
 from services.predictor.embedder import Embedder
-from services.predictor.evaluate import EVAL_MODEL, build_predictor, prepare
-from services.predictor.eval_vectors import VectorReuse
-from services.predictor.shift_eval import BATCH, observe_in_batches
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Fidelity of ``lenserve simulate`` against ``lenserve bench`` on one workload.
 
-    python scripts/sim_fidelity.py REAL.json [REAL2.json ...] SIM.json [--markdown]
+    python3 -m evaluation.simulator.fidelity REAL.json [REAL2.json ...] SIM.json [--markdown]
 
 REAL.json is a ``lenserve bench --result-json`` of ``lenserve:<policy>`` backends, SIM.json a
 ``lenserve simulate --result-json`` of the same workload (same dataset, seed, prompts, limits

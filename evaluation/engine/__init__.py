@@ -1,0 +1,2 @@
+"""Studies of the engine's step: what building outputs and detokenizing cost
+(``detokenize_cost``)."""

@@ -1,0 +1,1 @@
+"""Demonstrations of the gRPC service split under faults (``fault_demo``)."""
