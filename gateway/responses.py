@@ -28,7 +28,7 @@ class EventStream(Response):
     iterator is closed at the event it was waiting for (and the generation behind it is
     aborted upstream). With ``CompletionShape.event`` this took the gateway's own time to the
     first event to 0.83-0.89x, and to the end of an 8-token stream to 0.76-0.81x, of what it
-    was (``scripts/gateway_overhead.py --app-only``, 4 alternating pairs, 2-core CPU)."""
+    was (``evaluation/gateway/overhead.py --app-only``, 4 alternating pairs, 2-core CPU)."""
 
     media_type = "text/event-stream"
 

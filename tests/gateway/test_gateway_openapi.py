@@ -1,7 +1,7 @@
 """The OpenAPI schema says what the gateway answers, and schemathesis, generating requests
 from it (valid and invalid), finds no 5xx and no answer the schema does not describe.
 
-A bounded run for the suite; ``scripts/gateway_fuzz.py`` runs the full one (> 1,000 cases)."""
+A bounded run for the suite; ``evaluation/gateway/fuzz.py`` runs the full one (> 1,000 cases)."""
 from __future__ import annotations
 
 import httpx
