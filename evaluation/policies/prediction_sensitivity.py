@@ -2,8 +2,8 @@
 (simulated): the policy run on the true lengths with log-normal error of chosen sizes, beside
 the same policy on real predictors.
 
-    python3 -m evaluation.policies.prediction_sensitivity --out DIR --sigmas 0.25 0.5 1 --seeds 0 1 2 \\
-        --predictors embedded embedded:DB --slo 0.08 0.1 0.12 -- \\
+    python3 -m evaluation.policies.prediction_sensitivity --out DIR --sigmas 0.25 0.5 1 \\
+        --seeds 0 1 2 --predictors embedded embedded:DB --slo 0.08 0.1 0.12 -- \\
         --model opt-125m --dataset-name alpaca --dataset-path alpaca_data_1k_random_subset.json \\
         --num-prompts 60 --max-model-len 256 --num-gpu-blocks 33 --swap-space 1 --seed 0 \\
         --jct-slo 2:143.7:56.28 --sweep-rates 0.3,0.6,1,1.5,2,3,4,6

@@ -1,6 +1,7 @@
 """How long a prediction waits behind the predictor's learning, in the serving loop's pump.
 
-    python3 -m evaluation.predictor.prediction_wait --predictor embedded:DIR --prompts FILE [--inline-retrain]
+    python3 -m evaluation.predictor.prediction_wait --predictor embedded:DIR --prompts FILE \\
+        [--inline-retrain]
 
 Reports ``--completions`` finished requests (prompts from FILE, ShareGPT first turns, one JSON
 record per line; enough to trigger an MLP retrain) to a ``PredictionPump``, then asks for ten

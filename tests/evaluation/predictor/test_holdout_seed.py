@@ -1,5 +1,5 @@
-"""``evaluation/predictor/holdout_seed.py``: a predictor's seed that leaves out exactly the prompts the
-benchmark samples, for ShareGPT and Alpaca alike."""
+"""``evaluation/predictor/holdout_seed.py``: a predictor's seed that leaves out exactly the
+prompts the benchmark samples, for ShareGPT and Alpaca alike."""
 import gzip
 import json
 import subprocess
