@@ -175,6 +175,13 @@ def build_embedded(model: str, seed_path: str | Path | None = None, progress=Non
 
     core = Predictor(PredictorConfig(default_model=model))
     core.retrain_hook = ThreadRetrainer(core)
+    seed_core(core, model, seed_path, progress)
+    return EmbeddedPredictor(core, model)
+
+
+def seed_core(core, model: str, seed_path: str | Path | None = None, progress=None) -> int:
+    """Seed ``core``'s DB for ``model`` from ``seed_path``, or from the bundled seed with its
+    precomputed vectors and MLP where they fit the encoder; returns the records seeded."""
     prompts, lengths = load_seed(seed_path or BUNDLED_SEED)
     vectors = None if seed_path else bundled_vectors(core.embedder, len(prompts))
     if vectors is not None:
@@ -184,7 +191,7 @@ def build_embedded(model: str, seed_path: str | Path | None = None, progress=Non
     else:
         _embed_seed(core, model, prompts, lengths, progress)
         _train_mlp(core, model)
-    return EmbeddedPredictor(core, model)
+    return len(prompts)
 
 
 def build_from_db(model: str, db_dir: str | Path) -> EmbeddedPredictor:
