@@ -5,6 +5,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 class FakeProc:
     count = 0
 
-    def __init__(self, argv):
+    def __init__(self, argv, **options):
         FakeProc.count += 1
-        self.pid, self.returncode = FakeProc.count, None
+        self.pid, self.returncode, self.options = FakeProc.count, None, options
 
     def poll(self):
         return self.returncode
@@ -54,7 +55,8 @@ def test_swap_space_adds_a_kvmanager_between_executor_and_scheduler():
     from lenserve.commands.up import build_specs
 
     def specs(*flags):
-        args = build_parser().parse_args(["up", "--model", "fake", "--no-predictor", *flags])
+        args = build_parser().parse_args(["up", "--model", "fake", "--no-predictor",
+                                          "--port", "0", "--scheduler-port", "0", *flags])
         return {s.name: s for s in build_specs(args)}, [s.name for s in build_specs(args)]
 
     by_name, order = specs()
@@ -65,6 +67,119 @@ def test_swap_space_adds_a_kvmanager_between_executor_and_scheduler():
     assert kv[kv.index("--executor") + 1] == by_name["executor"].url and "--int8" in kv
     sched = by_name["scheduler"].argv
     assert sched[sched.index("--kvmanager") + 1] == by_name["kvmanager"].url
+
+
+def _specs(monkeypatch, *flags, environ=None) -> dict[str, ServiceSpec]:
+    """``up``'s services for FLAGS, the published ports taken as given (not claimed)."""
+    from lenserve.cli import build_parser
+    from lenserve.commands import up
+
+    for key in ("LENSERVE_POLICY", "LENSERVE_API_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in (environ or {}).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(up, "claim_port", lambda host, port, what, flag: port)
+    args = build_parser().parse_args(["up", "--model", "fake", *flags])
+    return {s.name: s for s in up.build_specs(args)}
+
+
+def _flag(argv, name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_defaults_serve_alise_from_a_seeded_predictor_on_the_documented_ports(monkeypatch):
+    specs = _specs(monkeypatch)
+    sched, predictor = specs["scheduler"].argv, specs["predictor"].argv
+    assert _flag(sched, "--policy") == "alise" and _flag(predictor, "--seed-data") == "bundled"
+    assert _flag(sched, "--predictor") == specs["predictor"].url
+    assert specs["scheduler"].url == "grpc://127.0.0.1:50051"
+    assert specs["gateway"].url == "http://127.0.0.1:8000"
+    assert dict(specs["gateway"].env) == {"LENSERVE_API_KEY": ""}
+
+
+def test_policy_ports_seed_and_key_can_be_chosen(monkeypatch):
+    specs = _specs(monkeypatch, "--port", "9100", "--scheduler-port", "9101", "--api-key", "k1",
+                   "--predictor-seed", "none", environ={"LENSERVE_API_KEY": "k2"})
+    assert specs["gateway"].url.endswith(":9100") and specs["scheduler"].url.endswith(":9101")
+    assert dict(specs["gateway"].env) == {"LENSERVE_API_KEY": "k1,k2"}
+    assert "k1" not in " ".join(specs["gateway"].argv)     # keys stay out of `ps`
+    assert _flag(specs["predictor"].argv, "--seed-data") == "none"
+    specs = _specs(monkeypatch, environ={"LENSERVE_POLICY": "vllm"})
+    assert _flag(specs["scheduler"].argv, "--policy") == "vllm"
+
+
+def test_a_taken_port_stops_up_before_any_service_starts(capsys):
+    from lenserve.cli import main
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for flag in ("--port", "--scheduler-port"):
+            other = "--scheduler-port" if flag == "--port" else "--port"
+            assert main(["up", "--model", "fake", flag, str(port), other, "0"]) == 2
+            out = capsys.readouterr().out
+            assert f"127.0.0.1:{port} is taken" in out and flag in out, out
+
+
+def test_children_are_spawned_with_their_env_and_to_die_with_the_supervisor():
+    sup = Supervisor([ServiceSpec("gateway", ("x",), "http://h:1", env=(("K", "v"),))],
+                     spawn=FakeProc, report=lambda _: None)
+    sup.start_all()
+    options = sup.running["gateway"].proc.options
+    assert options["env"]["K"] == "v" and options["env"]["PATH"] == os.environ["PATH"]
+    assert callable(options["preexec_fn"]) == sys.platform.startswith("linux")
+
+
+def test_the_predictor_service_seeds_a_model_it_does_not_hold_once(tmp_path):
+    """``up``'s predictor (``predictor serve --seed-data bundled``) starts from the bundled seed,
+    and a DB that already holds the model (one that outlived a restart) is not seeded again."""
+    import argparse
+
+    from services.predictor.__main__ import seed_if_empty
+    from services.predictor.config import PredictorConfig
+    from services.predictor.core import Predictor
+    from services.predictor.local import load_seed
+
+    core = Predictor(PredictorConfig(default_model="m"))
+    try:
+        seed = argparse.Namespace(model="m", seed_data="bundled")
+        # the seed's repeated prompts are one point each
+        assert seed_if_empty(core, seed) and core.store.count("m") > len(load_seed()[0]) // 2
+        seeded = core.store.count("m")
+        assert seed_if_empty(core, seed) and core.store.count("m") == seeded
+        assert core.predict(["Write a poem about the sea."], "m")[0].source.value != "default"
+        missing = argparse.Namespace(model="other", seed_data=str(tmp_path / "absent.jsonl"))
+        assert not seed_if_empty(core, missing) and "other" not in core.store.models()
+    finally:
+        core.close()
+
+
+PARENT = """
+import subprocess, sys, time
+from lenserve.entrypoints.supervisor import ServiceSpec, partial_spawn
+spec = ServiceSpec("sleeper", (sys.executable, "-c", "import time; time.sleep(600)"), "")
+print(partial_spawn(subprocess.Popen)(spec).pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal")
+def test_a_child_dies_when_its_supervisor_is_killed():
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    _until(lambda: not _alive(child), 10, "the child gone after its parent's SIGKILL")
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, dead but not yet reaped by init, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _lines(proc) -> queue.Queue:
@@ -111,12 +226,13 @@ def _openai_chat_and_stream(url: str) -> None:
 
 
 def _start_up(*flags: str):
-    """``lenserve up --model fake FLAGS`` from this checkout, and its output lines. It starts
-    with SIGINT ignored, as a shell starts a background job (`lenserve up &`): the tests that
-    stop it with SIGINT check that it stops all the same."""
+    """``lenserve up --model fake FLAGS`` from this checkout, on free ports, and its output
+    lines. It starts with SIGINT ignored, as a shell starts a background job (`lenserve up &`):
+    the tests that stop it with SIGINT check that it stops all the same."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "lenserve.cli", "up", "--model", "fake",
-                             *flags], cwd=ROOT, env=env, text=True,
+                             "--port", "0", "--scheduler-port", "0", *flags],
+                            cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             preexec_fn=partial(signal.signal, signal.SIGINT, signal.SIG_IGN))
     return proc, _lines(proc)
@@ -195,8 +311,8 @@ def _until(predicate, timeout_s: float, what: str) -> None:
 def test_up_serves_through_a_killed_predictor_and_uses_it_again_after_restart():
     """Under a steady stream of requests, kill -9 of the predictor fails none of them (they get
     default predictions), and once ``lenserve up`` has restarted it the scheduler's
-    predictions come from it again (retrieval from what it learnt since the restart: its
-    in-memory DB starts empty)."""
+    predictions come from it again (retrieval: its in-memory DB starts from the bundled seed
+    and what it learns since the restart)."""
     proc, lines = _start_up()
     try:
         out = "".join(_wait_for(lines, "ready", 240))
@@ -204,7 +320,7 @@ def test_up_serves_through_a_killed_predictor_and_uses_it_again_after_restart():
         predictor_pid = int(re.search(r"predictor\s+\S+\s+\(pid (\d+)\)", out).group(1))
         with _Load(url) as load:
             _until(lambda: _prediction_sources(url).get("retrieval", 0) > 0, 60,
-                   "the predictor answered from what it learnt")
+                   "the predictor answered from its DB")
             before = load.num_ok
             os.kill(predictor_pid, signal.SIGKILL)
             _wait_for(lines, "predictor restarted", 30)
@@ -225,3 +341,30 @@ def test_up_serves_through_a_killed_predictor_and_uses_it_again_after_restart():
         assert proc.wait(timeout=60) == 0
     with pytest.raises(ProcessLookupError):
         os.kill(predictor_pid, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal")
+def test_every_service_stops_when_up_is_killed():
+    """SIGKILL leaves ``up`` no chance to stop its services: each must stop by itself (the
+    parent-death signal), and the gateway must no longer answer."""
+    proc, lines = _start_up()
+    try:
+        out = "".join(_wait_for(lines, "ready", 240))
+        pids = [int(p) for p in re.findall(r"\(pid (\d+)", out)]
+        url = re.search(r"gateway\s+(http://\S+)", out).group(1)
+        assert len(pids) == 4 and all(_alive(pid) for pid in pids), out
+        assert _http_answers(url)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    _until(lambda: not any(_alive(pid) for pid in pids), 30, "every service gone")
+    assert not _http_answers(url)
+
+
+def _http_answers(url: str) -> bool:
+    import httpx
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
