@@ -1,0 +1,147 @@
+"""The policies on the real engine on this CPU: ``lenserve bench`` with opt-125m (random
+weights; every output forced to its ShareGPT reply's length), ``vllm`` against ``alise`` on
+the embedded predictor and ``oracle`` on the true lengths, a KV pool small enough that
+requests queue, a few Poisson rates.
+
+    python3 benchmarks/policies_cpu.py [--quick] [--dataset-path FILE] [--policies ...]
+
+Timings move with the machine and its load: the stamp records how busy other work kept the
+cores, and the page says so when they were shared.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):       # run as a script: the repository root holds benchmarks/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import output, runs, stamp, tables
+
+NAME = "policies_cpu"
+POLICIES = ("vllm", "alise", "oracle")
+FULL = {"num_prompts": 40, "rates": [0.5, 1.0, 2.0]}
+QUICK = {"num_prompts": 4, "rates": [2.0]}
+NUM_GPU_BLOCKS, BLOCK_SIZE = 64, 16   # 1,024 tokens: a handful of requests at a time
+MAX_MODEL_LEN = 256
+
+
+def bundled_sharegpt() -> Path | None:
+    """The ShareGPT sample lenserve ships, where this version ships one."""
+    try:
+        from lenserve.workloads import bundled_sharegpt_path
+    except ImportError:
+        return None
+    path = bundled_sharegpt_path()
+    return path if path.is_file() else None
+
+
+def dataset_args(path: Path | None) -> tuple[list[str], str]:
+    """The bench's dataset flags and a name for the page: the bundled sample unless a file is
+    named or none is bundled (then the shared ShareGPT file, with a clear error if absent)."""
+    if path is None and (bundled := bundled_sharegpt()) is not None:
+        return ["--dataset-name", "sharegpt"], f"the bundled ShareGPT sample ({bundled.name})"
+    file = runs.dataset_file(path)
+    return ["--dataset-name", "sharegpt", "--dataset-path", str(file)], f"ShareGPT ({file.name})"
+
+
+def bench_args(params: dict, dataset: list[str], policies: list[str], result: Path) -> list[str]:
+    return ["bench", "--model", "opt-125m", *dataset,
+            "--backends", ",".join(f"lenserve:{p}" for p in policies),
+            "--predictor", "embedded", "--num-prompts", str(params["num_prompts"]),
+            "--max-model-len", str(MAX_MODEL_LEN), "--num-gpu-blocks", str(NUM_GPU_BLOCKS),
+            "--swap-space", "1", "--seed", "0",
+            "--sweep-rates", ",".join(f"{r:g}" for r in params["rates"]),
+            "--disable-tqdm", "--result-json", output.rel(result),
+            "--plot", output.rel(result.with_suffix(".png"))]
+
+
+def rate_policy_table(found: list[dict]) -> list[str]:
+    """One row per rate and policy: the metrics the page compares, and NL over vllm's."""
+    rows = []
+    for r in sorted(found, key=lambda r: r["request_rate"]):
+        s, ratio = r["summary"], tables.ratio_at(found, r["policy"], "vllm", r["request_rate"])
+        rows.append([f"{r['request_rate']:g}", r["policy"], f"{s[tables.NL]:.4f}",
+                     f"{ratio:.2f}", f"{s['ttft_ms']['mean']:.0f}",
+                     f"{s['e2el_ms']['p99'] / 1e3:.1f}", f"{s['output_throughput']:.1f}"])
+    return tables.markdown(["rate (req/s)", "policy", "NL (s/token)", "NL x vllm",
+                            "mean TTFT (ms)", "P99 E2E (s)", "output tok/s"], rows)
+
+
+def summary_text(found: list[dict], params: dict, dataset: str, run_stamp: dict) -> str:
+    s = found[0]["summary"]
+    mean_tokens = (s["total_input_tokens"] + s["total_output_tokens"]) / max(1, s["completed"])
+    pool = NUM_GPU_BLOCKS * BLOCK_SIZE
+    top = max(r["request_rate"] for r in found)
+    ratios = ", ".join(f"`{p}` {tables.ratio_at(found, p, 'vllm', top):.2f}x"
+                       for p in tables.policies(found) if p != "vllm")
+    pred = next((r["predictions"] for r in found if r["policy"] == "alise" and r["predictions"]),
+                None)
+    alise = (f"`alise` ranks by the embedded predictor's own predictions (median relative "
+             f"error {pred['median_abs_rel_error']:.2f} at the lowest rate), " if pred else "")
+    shared = ("The CPU was shared with other work during the run (see the stamp), which slows "
+              "every policy and adds noise; one run per point. " if stamp.cpu_was_shared(run_stamp)
+              else "One run per point. ")
+    return (f"Measured on the real engine (`lenserve bench`) on the CPU the stamp names: "
+            f"opt-125m with random weights, every output forced to its reply's length, "
+            f"{params['num_prompts']} prompts of {dataset}, Poisson arrivals, seed 0. The KV "
+            f"pool of {pool:,} tokens holds about {pool / mean_tokens:.0f} requests of this "
+            f"workload's mean size ({mean_tokens:.0f} tokens), so requests queue. {alise}"
+            f"`oracle` by the true lengths; the baseline is `vllm`. Normalized latency over "
+            f"`vllm`'s at {top:g} req/s: {ratios}. {shared}")
+
+
+def plot(path: Path, found: list[dict]) -> None:
+    from lenserve.bench.report import plot_normalized_latency
+    plot_normalized_latency(path, [{"backend": r["policy"], "request_rate": r["request_rate"],
+                                    "summary": r["summary"]} for r in found],
+                            "Normalized latency vs rate, opt-125m on this CPU (measured)",
+                            dpi=80)
+
+
+def section(found: list[dict], params: dict, dataset: str, run_stamp: dict) -> output.Section:
+    return output.Section(
+        title="Policies on the real engine (this CPU, opt-125m)",
+        text=summary_text(found, params, dataset, run_stamp),
+        tables=[("Per rate and policy (NL: normalized latency; x vllm: over vllm's at the "
+                 "same rate)", rate_policy_table(found))],
+        figure_alt="normalized latency vs request rate per policy, real engine on a CPU")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset-path", type=Path, default=None,
+                    help=f"ShareGPT file (default: the bundled sample, else {runs.SHAREGPT})")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="comma-separated; vllm first, the baseline (default: %(default)s; "
+                         "econoserve and fluidinfer also run)")
+    output.add_args(ap)
+    args = ap.parse_args(argv)
+    policies = [p for p in args.policies.split(",") if p]
+    if not policies or policies[0] != "vllm":
+        raise SystemExit("--policies must start with vllm, the baseline of every ratio")
+    dataset, dataset_name = dataset_args(args.dataset_path)
+    out, params = output.outputs(args, NAME), QUICK if args.quick else FULL
+    start, t0 = stamp.take(), time.perf_counter()
+    result = out.raw / "bench.json"
+    command = bench_args(params, dataset, policies, result)
+    runs.lenserve(command, out.raw / "bench.log")
+    found = runs.load_runs(result)
+    run_stamp = stamp.finish(start, time.perf_counter() - t0)
+    plot(out.file(NAME, "png"), found)
+    output.publish(out, NAME, section(found, params, dataset_name, run_stamp), argv=argv,
+                   commands=[runs.shown(command)], stamp=run_stamp,
+                   data={"params": {**params, "policies": policies, "dataset": dataset_name,
+                                    "num_gpu_blocks": NUM_GPU_BLOCKS, "block_size": BLOCK_SIZE,
+                                    "max_model_len": MAX_MODEL_LEN},
+                         "runs": found})
+    print(f"wrote {output.rel(out.page)} section {NAME} and {output.rel(out.results)}/{NAME}.*")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
