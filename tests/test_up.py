@@ -368,3 +368,17 @@ def _http_answers(url: str) -> bool:
         return httpx.get(f"{url}/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@pytest.mark.slow
+def test_sighup_stops_up_and_its_services_as_ctrl_c_does():
+    """The terminal that ran ``up`` went away: everything stops, cleanly."""
+    proc, lines = _start_up("--no-predictor")
+    try:
+        out = "".join(_wait_for(lines, "ready", 240))
+        pids = [int(p) for p in re.findall(r"\(pid (\d+)", out)]
+    finally:
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(timeout=60) == 0
+    _wait_for(lines, "stopping", 5)
+    assert not any(_alive(pid) for pid in pids)
