@@ -117,8 +117,8 @@ def test_a_taken_port_stops_up_before_any_service_starts(capsys):
         for flag in ("--port", "--scheduler-port"):
             other = "--scheduler-port" if flag == "--port" else "--port"
             assert main(["up", "--model", "fake", flag, str(port), other, "0"]) == 2
-            out = capsys.readouterr().out
-            assert f"127.0.0.1:{port} is taken" in out and flag in out, out
+            err = capsys.readouterr().err
+            assert f"127.0.0.1:{port} is taken" in err and flag in err, err
 
 
 def test_children_are_spawned_with_their_env_and_to_die_with_the_supervisor():

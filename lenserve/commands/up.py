@@ -12,6 +12,7 @@ import importlib.util
 import os
 import signal
 import socket
+import sys
 import time
 from functools import partial
 
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         specs = build_specs(args)
     except PortTaken as exc:
-        print(f"lenserve up: {exc}", flush=True)
+        print(f"lenserve up: {exc}", file=sys.stderr, flush=True)
         return 2
     supervisor = Supervisor(specs, report=partial(print, flush=True))
     stop_on_signals()
@@ -197,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("lenserve up: stopping", flush=True)
     except RuntimeError as exc:       # a service that could not start: say which, stop the rest
-        print(f"lenserve up: {exc}; stopping", flush=True)
+        print(f"lenserve up: {exc}; stopping", file=sys.stderr, flush=True)
         return 1
     finally:
         supervisor.stop_all()
