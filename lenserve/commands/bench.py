@@ -1,17 +1,29 @@
 """``lenserve bench``: replay one workload against several backends and print them side by side.
 
 Flags follow ``vllm bench serve`` where they overlap; ``--backends`` and ``--sweep-rates`` are
-lenserve's own.
+lenserve's own. Without flags it replays 100 conversations of the bundled ShareGPT sample at
+8 requests/s into a 64-block KV pool, and gives length-aware policies (alise, ssjf, ...) the
+embedded predictor: a policy comparison that runs on a CPU in about a minute.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
 from pathlib import Path
 
 from lenserve.bench.backends import BackendOptions, BackendSpec, create_backend, parse_backends
+from lenserve.bench.defaults import (
+    BENCH_NUM_GPU_BLOCKS,
+    BENCH_WORKLOAD,
+    BLOCK_SIZE,
+    MODEL_CONTEXT,
+    WorkloadDefaults,
+    backend_predictor,
+    kv_sizes,
+)
 from lenserve.bench.metrics import parse_goodput, parse_jct_slo
 from lenserve.bench.report import (
     format_profiles,
@@ -42,27 +54,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__)
     p.add_argument("--backends", default="lenserve:vllm",
                    help="comma-separated: lenserve:<policy>, hf-static, hf-cb, openai:<url>")
-    p.add_argument("--model", default="opt-tiny", help="lenserve model preset (also the tokenizer)")
-    add_workload_arguments(p)
+    p.add_argument("--model", default="opt-tiny",
+                   help="lenserve model: a preset (random weights) or a Hugging Face checkpoint "
+                        "directory; also the tokenizer")
+    add_workload_arguments(p, BENCH_WORKLOAD)
     p.add_argument("--served-model-name", help="`model` field sent to openai:<url> backends")
     p.add_argument("--hf-batch-size", type=int, default=8, help="requests per hf-static batch")
     p.add_argument("--device", default="cpu",
                    help="where lenserve and the hf-* backends run: cpu, cuda[:N]")
     p.add_argument("--dtype", default="auto", help=DTYPE_AUTO_HELP)
+    # Before the engine flags, which then keep this one (its default differs from theirs).
+    p.add_argument("--num-gpu-blocks", type=int, default=None,
+                   help=f"KV blocks of {BLOCK_SIZE} tokens of each lenserve:<policy> engine "
+                        f"(default {BENCH_NUM_GPU_BLOCKS}, grown to hold one --max-model-len "
+                        "request): size it against the workload to make requests queue")
     add_engine_arguments(p)
-    p.set_defaults(func=run_bench)
+    # Left out: the embedded predictor for the policies that read predictions, none for the
+    # others (see ``backend_predictor``).
+    p.set_defaults(func=run_bench, predictor=None)
 
 
-def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+def add_workload_arguments(p: argparse.ArgumentParser,
+                           defaults: WorkloadDefaults = WorkloadDefaults()) -> None:
     """The workload, arrival and report flags ``bench`` and ``simulate`` share."""
     p.add_argument("--tokenizer", help="Hugging Face tokenizer path, instead of the preset's")
-    p.add_argument("--dataset-name", default="lengths", choices=DATASET_NAMES)
-    p.add_argument("--dataset-path", help="dataset file; lengths defaults to the bundled trace")
-    p.add_argument("--num-prompts", type=int, default=50)
+    p.add_argument("--dataset-name", default=defaults.dataset_name, choices=DATASET_NAMES,
+                   help=f"default {defaults.dataset_name}")
+    p.add_argument("--dataset-path",
+                   help="dataset file; without it sharegpt reads the bundled 400-conversation "
+                        "sample and lengths the bundled Azure trace")
+    p.add_argument("--num-prompts", type=int, default=defaults.num_prompts,
+                   help=f"default {defaults.num_prompts}")
     p.add_argument("--repeat-dataset", action="store_true",
                    help="cycle through the dataset when --num-prompts exceeds what fits")
-    p.add_argument("--request-rate", type=float, default=math.inf,
-                   help="requests/s (inf sends all at once)")
+    p.add_argument("--request-rate", type=float, default=defaults.request_rate,
+                   help=f"requests/s (inf sends all at once; default {defaults.request_rate:g})")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1 is Poisson")
     p.add_argument("--trace-timestamps", action="store_true",
                    help="replay the trace's own arrival times instead of --request-rate")
@@ -72,7 +98,10 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-len", type=int, help="force every output to this many tokens")
     p.add_argument("--max-prompt-len", type=int, default=1024)
-    p.add_argument("--max-model-len", type=int, default=2048, help="prompt + output limit")
+    p.add_argument("--max-model-len", type=int, default=defaults.max_model_len,
+                   help="prompt + output limit; longer requests are left out of the workload "
+                        + (f"(default {defaults.max_model_len})" if defaults.max_model_len else
+                           f"(default: {MODEL_CONTEXT}, or what --num-gpu-blocks holds if less)"))
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs, e.g. ttft:500 tpot:50")
     p.add_argument("--jct-slo", metavar="SCALE[:TP_MS:TG_MS]",
                    help="report the SLO satisfaction ratio for EconoServe's JCT SLO, SCALE x "
@@ -164,23 +193,25 @@ def run_bench(args: argparse.Namespace) -> int:
     specs = parse_backends(args.backends)
     slos, jct_slo = parse_goodput(args.goodput), parse_jct_slo(args.jct_slo)
     rates = parse_rates(args)
+    apply_kv_sizes(args)
     options = BackendOptions(model=args.model, hf_batch_size=args.hf_batch_size,
                              served_model_name=args.served_model_name,
-                             predictor=args.predictor, predictor_seed=args.predictor_seed,
+                             predictor_seed=args.predictor_seed,
                              policy_config=tuple(args.policy_config or ()),
                              num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
                              max_model_len=args.max_model_len,
                              swap_space_gib=args.swap_space, kv_int8=args.kv_int8,
                              device=args.device, dtype=args.dtype,
                              enforce_eager=args.enforce_eager)
+    per_backend = [with_predictor(spec, options, args.predictor) for spec in specs]
     cfg = sample_config(args)
     samples = load_samples(args.dataset_name, args.dataset_path)
     workloads = build_workloads(args, samples, cfg, rates, load_tokenizer(args))
     runner = RunnerConfig(show_progress=not args.disable_tqdm)
     runs, failures = [], 0
-    for spec in specs:
+    for spec, spec_options in zip(specs, per_backend):
         try:
-            runs += run_backend(spec, options, workloads, rates, runner)
+            runs += run_backend(spec, spec_options, workloads, rates, runner)
         except Exception as exc:  # noqa: BLE001 - one broken backend must not lose the others' results
             failures += 1
             print(f"lenserve bench: backend {spec.text} failed: {type(exc).__name__}: {exc}",
@@ -191,6 +222,26 @@ def run_bench(args: argparse.Namespace) -> int:
         print(format_profiles(runs))
     write_outputs(args, results, runs)
     return 1 if failures else 0
+
+
+def apply_kv_sizes(args: argparse.Namespace) -> None:
+    """Fill in the KV pool and context limit left out (recorded in --result-json as used);
+    a context the pool cannot hold is an error that names the flags to pass."""
+    sizes = kv_sizes(args.max_model_len, args.num_gpu_blocks)
+    if sizes.note:
+        print(f"lenserve bench: {sizes.note}", file=sys.stderr)
+    args.max_model_len, args.num_gpu_blocks = sizes.max_model_len, sizes.num_gpu_blocks
+
+
+def with_predictor(spec: BackendSpec, options: BackendOptions,
+                   predictor: str | None) -> BackendOptions:
+    """``options`` with the backend's predictor; says on stderr when one was chosen for it."""
+    chosen = backend_predictor(spec, predictor)
+    if predictor is None and chosen != "none":
+        print(f"lenserve bench: {spec.text} ranks by predicted output length: using "
+              f"--predictor {chosen} (pass --predictor to choose another for every backend)",
+              file=sys.stderr)
+    return dataclasses.replace(options, predictor=chosen)
 
 
 def write_outputs(args: argparse.Namespace, results: list[dict], runs: list[BackendRun]) -> None:

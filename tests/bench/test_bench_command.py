@@ -51,7 +51,8 @@ def test_sweep_runs_every_rate_and_draws_the_figure(tmp_path):
 
 
 def test_trace_timestamps_replay_the_bundled_trace():
-    args = parse("--backends", "lenserve:vllm", *FAST, "--trace-timestamps",
+    args = parse("--backends", "lenserve:vllm", *FAST, "--dataset-name", "lengths",
+                 "--trace-timestamps",
                  "--trace-time-scale", "0.01", "--seed", "3", "--max-prompt-len", "1024")
     assert bench.run_bench(args) == 0
 
