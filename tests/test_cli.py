@@ -83,6 +83,51 @@ def test_checkpoint_without_tokenizer_runs_on_token_ids(tmp_path, capsys):
     assert len(err) == 1 and "no tokenizer files" in err[0] and "prompt_token_ids" in err[0]
 
 
+@pytest.fixture
+def fresh_preset_notes(monkeypatch):
+    """Forget which presets this process has pointed out already."""
+    from services.executor.models import loader
+    monkeypatch.setattr(loader, "_NOTED_PRESETS", set())
+
+
+def test_a_preset_says_once_on_stderr_that_its_weights_are_random(fresh_preset_notes, capsys):
+    from services.executor.models.naming import preset_notice
+
+    argv = ["generate", "--model", "opt-tiny", "--prompt", "Hello, my name is",
+            "--max-tokens", "4", "--temperature", "0", "--ignore-eos"]
+    assert main(argv) == 0
+    first = capsys.readouterr()
+    assert first.out.strip() and "random weights" not in first.out      # stdout stays the text
+    assert first.err.splitlines() == [f"lenserve: {preset_notice('opt-tiny')}"]
+    assert "--model /path/to/hf-model" in first.err
+    assert main(argv) == 0
+    assert capsys.readouterr().err == ""                                 # once per process
+
+
+def test_generate_serves_a_hugging_face_checkpoint_directory(tmp_path, fresh_preset_notes,
+                                                             capsys):
+    """config.json + safetensors + tokenizer, as ``save_pretrained`` writes them: the text
+    is the checkpoint's own greedy continuation, and no preset notice is printed."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = write_checkpoint(tmp_path, "opt")
+    prompt, new = "Hello, my name is", 6
+    assert main(["generate", "--model", str(path), "--prompt", prompt, "--max-tokens", str(new),
+                 "--temperature", "0", "--ignore-eos", "--dtype", "float32"]) == 0
+    captured = capsys.readouterr()
+    assert "random weights" not in captured.err
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompt_ids = tokenizer(prompt).input_ids
+    if prompt_ids[-1] == hf.config.eos_token_id:   # the engine drops WordPiece's closing [SEP]
+        prompt_ids = prompt_ids[:-1]
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    expected = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    assert captured.out.strip() == expected.strip() and expected.strip()
+
+
 def test_the_command_map_names_every_command_and_a_command_line_loads_only_its_own():
     import argparse
 

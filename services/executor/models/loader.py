@@ -20,6 +20,7 @@ from lenserve_contract.sampling_params import InvalidRequestError
 from services.executor.models.llama import LlamaForCausalLM
 from services.executor.models.naming import (  # noqa: F401 - re-exported
     ModelNotFoundError,
+    preset_notice,
     preset_tokenizer,
     resolve,
 )
@@ -35,6 +36,9 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # with none of them has no tokenizer, whatever its tokenizer_config.json says.
 TOKENIZER_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model",
                          "sentencepiece.bpe.model", "vocab.json", "vocab.txt")
+# Presets whose random weights were already pointed out: once per process is enough (a
+# benchmark builds one engine per policy).
+_NOTED_PRESETS: set[str] = set()
 
 
 class NoTokenizer:
@@ -170,6 +174,14 @@ def checkpoint_tokenizer(path: Path, skip_tokenizer_init: bool = False):
     return AutoTokenizer.from_pretrained(path)
 
 
+def _note_preset(name: str) -> None:
+    """Say once that a preset's output means nothing: its name reads like the real model's.
+    A warning, so that a command shows it on stderr as one ``lenserve:`` line."""
+    if name not in _NOTED_PRESETS:
+        _NOTED_PRESETS.add(name)
+        log.warning("%s", preset_notice(name))
+
+
 def load_model(model: str, *, dtype: str = "float32", device: str = "cpu", seed: int = 0,
                skip_tokenizer_init: bool = False) -> LoadedModel:
     """``skip_tokenizer_init``: load no tokenizer (as vLLM's option); prompts must then be
@@ -188,6 +200,8 @@ def load_model(model: str, *, dtype: str = "float32", device: str = "cpu", seed:
         weights = _checkpoint_weights(path)
         tokenizer = checkpoint_tokenizer(path, skip_tokenizer_init)
     net = _instantiate(config, weights, torch_dt, device)
+    if path is None:
+        _note_preset(name)
     eos = getattr(config, "eos_token_id", None)
     return LoadedModel(
         model=net, tokenizer=tokenizer, hf_config=config, name=name, family=config.model_type,

