@@ -30,13 +30,21 @@ class WorkloadDefaults:
     max_model_len: int | None = MODEL_CONTEXT
 
 
-# ``lenserve bench``: 100 of the bundled ShareGPT conversations as a Poisson stream (fast enough
-# that a 64-block pool keeps requests waiting for KV) into 64 blocks of 16 tokens, 1,024
-# tokens: about 3 of the sample's mean request (95 prompt + 260 reply tokens in the presets'
-# tokenizer).
-BENCH_WORKLOAD = WorkloadDefaults(dataset_name="sharegpt", num_prompts=100, request_rate=8.0,
+# ``lenserve bench``: 100 of the bundled ShareGPT conversations sent at once into 64 blocks of
+# 16 tokens (1,024 tokens, about 4 of the requests that fit the 512-token limit): requests
+# queue for KV on any machine, however fast (a Poisson rate that queues on one CPU may not
+# on another), so the policies' order is what the comparison shows. 100 keep opt-tiny's
+# run of two policies near a minute on a 2-core CPU.
+BENCH_WORKLOAD = WorkloadDefaults(dataset_name="sharegpt", num_prompts=100, request_rate=math.inf,
                                   max_model_len=None)
 BENCH_NUM_GPU_BLOCKS = 64
+# Pool tokens per request of the derived limit: one request of the limit never fills the pool
+# alone (a pool of one request serves one at a time, whatever the policy).
+REQUESTS_PER_POOL = 2
+# A host tier for preempted requests (as the policy comparisons in the README use): without
+# one a preempted request recomputes its whole context, and a policy that reorders often pays
+# for that instead of gaining from its order. 1 GiB is many times the default pool's KV.
+BENCH_SWAP_SPACE_GIB = 1.0
 # What a length-aware policy is given when --predictor is left out.
 DEFAULT_LENGTH_PREDICTOR = "embedded"
 
@@ -53,22 +61,24 @@ def kv_sizes(max_model_len: int | None, num_gpu_blocks: int | None) -> KVSizes:
 
     A request may grow to ``max_model_len`` and must fit in the pool on its own, so a limit
     above the pool is refused here, naming the flags, before any model loads. Left out, the
-    limit is the model's context cut to the pool, and the pool is ``BENCH_NUM_GPU_BLOCKS``
-    grown to hold one request of the limit."""
+    limit is the model's context cut to ``1 / REQUESTS_PER_POOL`` of the pool, and the pool is
+    ``BENCH_NUM_GPU_BLOCKS`` grown to hold ``REQUESTS_PER_POOL`` requests of the limit."""
     if num_gpu_blocks is not None and num_gpu_blocks < 1:
         raise ValueError(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
     if max_model_len is not None and max_model_len < 1:
         raise ValueError(f"--max-model-len must be >= 1, got {max_model_len}")
     given = num_gpu_blocks is not None
     if num_gpu_blocks is None:
-        num_gpu_blocks = max(BENCH_NUM_GPU_BLOCKS, -(-(max_model_len or 0) // BLOCK_SIZE))
+        need = REQUESTS_PER_POOL * (max_model_len or 0)
+        num_gpu_blocks = max(BENCH_NUM_GPU_BLOCKS, -(-need // BLOCK_SIZE))
     capacity = num_gpu_blocks * BLOCK_SIZE
     if max_model_len is None:
-        limit = min(MODEL_CONTEXT, capacity)
+        limit = min(MODEL_CONTEXT, max(1, capacity // REQUESTS_PER_POOL))
         # The default pool's limit is in --help; a pool the user chose gets it said.
         note = None if limit == MODEL_CONTEXT or not given else (
-            f"--max-model-len {limit}: what --num-gpu-blocks {num_gpu_blocks} x {BLOCK_SIZE} "
-            f"tokens hold (longer requests are left out of the workload)")
+            f"--max-model-len {limit}: 1/{REQUESTS_PER_POOL} of --num-gpu-blocks "
+            f"{num_gpu_blocks} x {BLOCK_SIZE} tokens (longer requests are left out of the "
+            f"workload; pass --max-model-len up to {capacity} to keep them)")
         return KVSizes(limit, num_gpu_blocks, note)
     if max_model_len > capacity:
         raise ValueError(

@@ -1,9 +1,9 @@
 """``lenserve bench``: replay one workload against several backends and print them side by side.
 
 Flags follow ``vllm bench serve`` where they overlap; ``--backends`` and ``--sweep-rates`` are
-lenserve's own. Without flags it replays 100 conversations of the bundled ShareGPT sample at
-8 requests/s into a 64-block KV pool, and gives length-aware policies (alise, ssjf, ...) the
-embedded predictor: a policy comparison that runs on a CPU in about a minute.
+lenserve's own. Without flags it sends 100 conversations of the bundled ShareGPT sample at once
+to opt-tiny with a 64-block KV pool and a 1 GiB host tier, and gives length-aware policies
+(alise, ssjf, ...) the embedded predictor: a policy comparison that runs on a CPU in minutes.
 """
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from lenserve.bench.defaults import (
     BENCH_NUM_GPU_BLOCKS,
     BENCH_WORKLOAD,
     BLOCK_SIZE,
+    BENCH_SWAP_SPACE_GIB,
     MODEL_CONTEXT,
+    REQUESTS_PER_POOL,
     WorkloadDefaults,
     backend_predictor,
     kv_sizes,
@@ -66,12 +68,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # Before the engine flags, which then keep this one (its default differs from theirs).
     p.add_argument("--num-gpu-blocks", type=int, default=None,
                    help=f"KV blocks of {BLOCK_SIZE} tokens of each lenserve:<policy> engine "
-                        f"(default {BENCH_NUM_GPU_BLOCKS}, grown to hold one --max-model-len "
-                        "request): size it against the workload to make requests queue")
+                        f"(default {BENCH_NUM_GPU_BLOCKS}, grown to hold {REQUESTS_PER_POOL} "
+                        "requests of --max-model-len): size it against the workload to make "
+                        "requests queue")
     add_engine_arguments(p)
-    # Left out: the embedded predictor for the policies that read predictions, none for the
-    # others (see ``backend_predictor``).
-    p.set_defaults(func=run_bench, predictor=None)
+    # Left out, --predictor is the embedded one for the policies that read predictions and
+    # none for the others (``backend_predictor``). --swap-space: see BENCH_SWAP_SPACE_GIB.
+    p.set_defaults(func=run_bench, predictor=None, swap_space=BENCH_SWAP_SPACE_GIB)
 
 
 def add_workload_arguments(p: argparse.ArgumentParser,
@@ -101,7 +104,8 @@ def add_workload_arguments(p: argparse.ArgumentParser,
     p.add_argument("--max-model-len", type=int, default=defaults.max_model_len,
                    help="prompt + output limit; longer requests are left out of the workload "
                         + (f"(default {defaults.max_model_len})" if defaults.max_model_len else
-                           f"(default: {MODEL_CONTEXT}, or what --num-gpu-blocks holds if less)"))
+                           f"(default: 1/{REQUESTS_PER_POOL} of the KV pool, at most "
+                           f"{MODEL_CONTEXT})"))
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs, e.g. ttft:500 tpot:50")
     p.add_argument("--jct-slo", metavar="SCALE[:TP_MS:TG_MS]",
                    help="report the SLO satisfaction ratio for EconoServe's JCT SLO, SCALE x "

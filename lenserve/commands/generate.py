@@ -13,12 +13,16 @@ from lenserve.commands.engine_args import add_engine_arguments, engine_options
 from lenserve_contract.outputs import RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
 from services.executor.attention.registry import BACKEND_CHOICES
+from services.executor.models.presets import list_presets
 from services.hardware import DTYPE_AUTO_HELP
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate a completion for one prompt")
-    p.add_argument("--model", required=True, help="model path or preset ('fake': no model)")
+    p.add_argument("--model", required=True,
+                   help="a Hugging Face checkpoint directory (config.json, *.safetensors and "
+                        "the tokenizer's files), or a preset with random weights "
+                        f"({', '.join(list_presets())}; 'fake': no model)")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt")
     prompt.add_argument("--prompt-token-ids", type=int, nargs="+", metavar="ID",

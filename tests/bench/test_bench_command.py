@@ -36,9 +36,10 @@ def test_bench_prints_the_table_and_writes_json(tmp_path, capsys):
         # What "auto" resolved to on this machine, in the JSON and on stderr.
         setup = entry["setup"]
         assert setup["model"] == "fake" and setup["dtype"] and setup["attention"]
+        assert setup["predictor"] == "none"     # neither policy reads predictions
         assert (f"{entry['backend']}: ready in" in captured.err
-                and f"(model fake, dtype {setup['dtype']}, attention {setup['attention']})"
-                in captured.err)
+                and f"(model fake, dtype {setup['dtype']}, attention {setup['attention']}, "
+                    "predictor none)" in captured.err)
 
 
 def test_sweep_runs_every_rate_and_draws_the_figure(tmp_path):

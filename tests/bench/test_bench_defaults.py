@@ -9,10 +9,12 @@ import pytest
 from lenserve.bench.backends import BackendOptions, parse_backend_spec
 from lenserve.bench.defaults import (
     BENCH_NUM_GPU_BLOCKS,
+    BENCH_SWAP_SPACE_GIB,
     BENCH_WORKLOAD,
     BLOCK_SIZE,
     DEFAULT_LENGTH_PREDICTOR,
     MODEL_CONTEXT,
+    REQUESTS_PER_POOL,
     backend_predictor,
     kv_sizes,
     reads_predictions,
@@ -32,9 +34,11 @@ def test_no_flags_give_the_bundled_workload_and_a_pool_that_holds_the_limit():
     assert (args.num_prompts, args.request_rate) == (BENCH_WORKLOAD.num_prompts,
                                                      BENCH_WORKLOAD.request_rate)
     assert args.predictor is None and args.num_gpu_blocks is None and args.max_model_len is None
+    assert args.swap_space == BENCH_SWAP_SPACE_GIB > 0
     bench.apply_kv_sizes(args)
     assert args.num_gpu_blocks == BENCH_NUM_GPU_BLOCKS
-    assert args.max_model_len == min(MODEL_CONTEXT, BENCH_NUM_GPU_BLOCKS * BLOCK_SIZE)
+    assert args.max_model_len == min(MODEL_CONTEXT,
+                                     BENCH_NUM_GPU_BLOCKS * BLOCK_SIZE // REQUESTS_PER_POOL)
 
 
 def test_the_default_workload_builds_from_the_bundled_sample():
@@ -48,7 +52,9 @@ def test_the_default_workload_builds_from_the_bundled_sample():
     assert len(requests) == args.num_prompts
     assert all(r.prompt and r.prompt_len + r.output_len <= args.max_model_len for r in requests)
     assert len({r.output_len for r in requests}) > len(requests) // 2   # not one forced length
-    assert requests[-1].arrival_offset > 0                             # a stream, not a burst
+    # Waiting for KV: the pool holds a few of them at most.
+    pool = args.num_gpu_blocks * BLOCK_SIZE
+    assert sum(r.prompt_len + r.output_len for r in requests) > 4 * pool
 
 
 def test_simulate_keeps_its_own_workload_defaults():
@@ -63,19 +69,26 @@ def test_simulate_keeps_its_own_workload_defaults():
 def test_a_pool_alone_sets_the_limit_and_says_so():
     blocks = BENCH_NUM_GPU_BLOCKS // 2
     sizes = kv_sizes(None, blocks)
-    assert (sizes.max_model_len, sizes.num_gpu_blocks) == (blocks * BLOCK_SIZE, blocks)
-    assert f"--max-model-len {blocks * BLOCK_SIZE}" in sizes.note
+    limit = blocks * BLOCK_SIZE // REQUESTS_PER_POOL
+    assert (sizes.max_model_len, sizes.num_gpu_blocks) == (limit, blocks)
+    assert f"--max-model-len {limit}" in sizes.note
     assert f"--num-gpu-blocks {blocks}" in sizes.note
+    assert f"up to {blocks * BLOCK_SIZE}" in sizes.note
+
+
+def test_a_one_block_pool_still_gets_a_limit():
+    assert kv_sizes(None, 1).max_model_len == BLOCK_SIZE // REQUESTS_PER_POOL
 
 
 def test_a_large_pool_keeps_the_models_context_without_a_note():
-    sizes = kv_sizes(None, 4 * MODEL_CONTEXT // BLOCK_SIZE)
+    sizes = kv_sizes(None, 2 * REQUESTS_PER_POOL * MODEL_CONTEXT // BLOCK_SIZE)
     assert sizes.max_model_len == MODEL_CONTEXT and sizes.note is None
 
 
 def test_a_limit_alone_grows_the_default_pool_to_hold_it():
-    long = (BENCH_NUM_GPU_BLOCKS + 3) * BLOCK_SIZE + 1
-    assert kv_sizes(long, None).num_gpu_blocks == BENCH_NUM_GPU_BLOCKS + 4
+    long = BENCH_NUM_GPU_BLOCKS * BLOCK_SIZE + 1
+    grown = kv_sizes(long, None).num_gpu_blocks
+    assert grown * BLOCK_SIZE >= REQUESTS_PER_POOL * long > (grown - 1) * BLOCK_SIZE
     assert kv_sizes(BLOCK_SIZE, None).num_gpu_blocks == BENCH_NUM_GPU_BLOCKS
 
 
@@ -103,7 +116,7 @@ def test_the_readme_comparison_with_a_small_pool_runs(capsys):
     assert bench.run_bench(args) == 0
     captured = capsys.readouterr()
     assert "lenserve:alise" in captured.out
-    assert f"--max-model-len {64 * BLOCK_SIZE}" in captured.err
+    assert f"--max-model-len {64 * BLOCK_SIZE // REQUESTS_PER_POOL}" in captured.err
 
 
 def test_an_explicit_limit_above_the_pool_fails_before_any_model_loads():

@@ -109,7 +109,9 @@ class LenserveBackend(Backend):
         info = getattr(self.engine, "model_info", None)
         if info is None:
             return {}
-        return {"model": info.name, "dtype": info.dtype, "attention": info.attention_backend}
+        # The predictor too: bench chooses one per policy when --predictor is left out.
+        return {"model": info.name, "dtype": info.dtype, "attention": info.attention_backend,
+                "predictor": self._predictor()}
 
     def _observe(self, out: RequestOutput, now: float) -> None:
         flight = self._inflight.get(out.request_id)
