@@ -40,7 +40,8 @@ def summary_text(result: dict, run_stamp: dict) -> str:
     rows = result["rows"]
     best = max(rows, key=lambda r: r["decode_tokens_per_s"])
     shared = (" The CPU was shared with other work during the run (see the stamp), so these "
-              "are lower than an idle machine gives." if stamp.cpu_was_shared(run_stamp) else "")
+              "are likely lower than the same machine gives idle."
+              if stamp.cpu_was_shared(run_stamp) else "")
     return (f"One engine iteration of {result['model']} ({result['dtype']}, attention "
             f"`{result['attention_backend']}`, {result['cpu_threads']} CPU threads), random "
             f"weights: prefill of {result['prompt_len']}-token prompts and one decode step at "
@@ -64,6 +65,8 @@ def plot(path: Path, result: dict) -> None:
         ax.plot(batches, [r[key] for r in result["rows"]], marker="o", label=label,
                 linestyle="--" if "floor" in key else "-")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.minorticks_off()
     ax.set_yscale("log")
     ax.set_xlabel("batch size (sequences)")
     ax.set_ylabel("tokens/s")

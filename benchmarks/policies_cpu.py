@@ -18,11 +18,12 @@ from pathlib import Path
 if __package__ in (None, ""):       # run as a script: the repository root holds benchmarks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import output, runs, stamp, tables
+from benchmarks import figures, output, runs, stamp, tables
 
 NAME = "policies_cpu"
 POLICIES = ("vllm", "alise", "oracle")
-FULL = {"num_prompts": 40, "rates": [0.5, 1.0, 2.0]}
+# Nine runs of about 2,400 output tokens each: about 9 minutes at 40 output tok/s.
+FULL = {"num_prompts": 24, "rates": [0.5, 1.0, 2.0]}
 QUICK = {"num_prompts": 4, "rates": [2.0]}
 NUM_GPU_BLOCKS, BLOCK_SIZE = 64, 16   # 1,024 tokens: a handful of requests at a time
 MAX_MODEL_LEN = 256
@@ -47,15 +48,29 @@ def dataset_args(path: Path | None) -> tuple[list[str], str]:
     return ["--dataset-name", "sharegpt", "--dataset-path", str(file)], f"ShareGPT ({file.name})"
 
 
-def bench_args(params: dict, dataset: list[str], policies: list[str], result: Path) -> list[str]:
+def bench_args(params: dict, dataset: list[str], policies: list[str], rate: float,
+               result: Path) -> list[str]:
     return ["bench", "--model", "opt-125m", *dataset,
             "--backends", ",".join(f"lenserve:{p}" for p in policies),
             "--predictor", "embedded", "--num-prompts", str(params["num_prompts"]),
             "--max-model-len", str(MAX_MODEL_LEN), "--num-gpu-blocks", str(NUM_GPU_BLOCKS),
-            "--swap-space", "1", "--seed", "0",
-            "--sweep-rates", ",".join(f"{r:g}" for r in params["rates"]),
-            "--disable-tqdm", "--result-json", output.rel(result),
-            "--plot", output.rel(result.with_suffix(".png"))]
+            "--swap-space", "1", "--seed", "0", "--request-rate", f"{rate:g}",
+            "--disable-tqdm", "--result-json", output.rel(result)]
+
+
+def run_rates(params: dict, dataset: list[str], policies: list[str],
+              raw: Path) -> tuple[list[dict], list[str]]:
+    """One ``lenserve bench`` per rate, every policy back to back in it: the policies of one
+    rate then meet about the same load from other work, where one sweep (each policy through
+    every rate in turn) would let a change of load pass for a difference of policy."""
+    found, commands = [], []
+    for rate in params["rates"]:
+        result = raw / f"bench_{rate:g}.json"
+        command = bench_args(params, dataset, policies, rate, result)
+        runs.lenserve(command, raw / f"bench_{rate:g}.log")
+        commands.append(runs.shown(command))
+        found += runs.load_runs(result)
+    return found, commands
 
 
 def rate_policy_table(found: list[dict]) -> list[str]:
@@ -79,26 +94,42 @@ def summary_text(found: list[dict], params: dict, dataset: str, run_stamp: dict)
                        for p in tables.policies(found) if p != "vllm")
     pred = next((r["predictions"] for r in found if r["policy"] == "alise" and r["predictions"]),
                 None)
+    # The bench keeps only records whose prompt and reply fit --max-model-len (as vLLM's
+    # benchmark does), so replies are shorter than the predictor's ShareGPT prior expects.
     alise = (f"`alise` ranks by the embedded predictor's own predictions (median relative "
-             f"error {pred['median_abs_rel_error']:.2f} at the lowest rate), " if pred else "")
+             f"error {pred['median_abs_rel_error']:.2f} at the lowest rate; the sample keeps "
+             f"only requests that fit {MAX_MODEL_LEN} tokens, shorter than the replies the "
+             f"predictor learnt from), " if pred else "")
     shared = ("The CPU was shared with other work during the run (see the stamp), which slows "
-              "every policy and adds noise; one run per point. " if stamp.cpu_was_shared(run_stamp)
-              else "One run per point. ")
+              "every policy, and unevenly as that work comes and goes; one run per point. "
+              if stamp.cpu_was_shared(run_stamp) else "One run per point. ")
     return (f"Measured on the real engine (`lenserve bench`) on the CPU the stamp names: "
             f"opt-125m with random weights, every output forced to its reply's length, "
             f"{params['num_prompts']} prompts of {dataset}, Poisson arrivals, seed 0. The KV "
             f"pool of {pool:,} tokens holds about {pool / mean_tokens:.0f} requests of this "
             f"workload's mean size ({mean_tokens:.0f} tokens), so requests queue. {alise}"
-            f"`oracle` by the true lengths; the baseline is `vllm`. Normalized latency over "
-            f"`vllm`'s at {top:g} req/s: {ratios}. {shared}")
+            f"`oracle` by the true lengths; the baseline is `vllm`. Each rate is one run with "
+            f"the policies back to back. Normalized latency over "
+            f"`vllm`'s at {top:g} req/s: {ratios}. {shared}{load_spread(found)}")
+
+
+def load_spread(found: list[dict], limit: float = 1.5) -> str:
+    """A warning when the policies' runs at the lowest rate, which all receive the same work,
+    delivered output at rates more than ``limit`` apart: the engine's speed changed under
+    them, so their ratios measure the machine's load as much as the policies."""
+    low = min(r["request_rate"] for r in found)
+    tput = [r["summary"]["output_throughput"] for r in found if r["request_rate"] == low]
+    if min(tput) <= 0 or max(tput) / min(tput) <= limit:
+        return ""
+    return (f"At {low:g} req/s, where every policy receives the same work, output throughput "
+            f"ranged from {min(tput):.0f} to {max(tput):.0f} tok/s between the policies' runs: "
+            f"the engine's speed changed under them, so these ratios reflect the machine's load "
+            f"as much as the policies.")
 
 
 def plot(path: Path, found: list[dict]) -> None:
-    from lenserve.bench.report import plot_normalized_latency
-    plot_normalized_latency(path, [{"backend": r["policy"], "request_rate": r["request_rate"],
-                                    "summary": r["summary"]} for r in found],
-                            "Normalized latency vs rate, opt-125m on this CPU (measured)",
-                            dpi=80)
+    figures.nl_vs_rate(path, found, "Normalized latency vs rate, opt-125m on this CPU "
+                       "(measured)")
 
 
 def section(found: list[dict], params: dict, dataset: str, run_stamp: dict) -> output.Section:
@@ -127,14 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     dataset, dataset_name = dataset_args(args.dataset_path)
     out, params = output.outputs(args, NAME), QUICK if args.quick else FULL
     start, t0 = stamp.take(), time.perf_counter()
-    result = out.raw / "bench.json"
-    command = bench_args(params, dataset, policies, result)
-    runs.lenserve(command, out.raw / "bench.log")
-    found = runs.load_runs(result)
+    found, commands = run_rates(params, dataset, policies, out.raw)
     run_stamp = stamp.finish(start, time.perf_counter() - t0)
     plot(out.file(NAME, "png"), found)
     output.publish(out, NAME, section(found, params, dataset_name, run_stamp), argv=argv,
-                   commands=[runs.shown(command)], stamp=run_stamp,
+                   commands=commands, stamp=run_stamp,
                    data={"params": {**params, "policies": policies, "dataset": dataset_name,
                                     "num_gpu_blocks": NUM_GPU_BLOCKS, "block_size": BLOCK_SIZE,
                                     "max_model_len": MAX_MODEL_LEN},

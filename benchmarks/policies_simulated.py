@@ -20,7 +20,7 @@ from pathlib import Path
 if __package__ in (None, ""):       # run as a script: the repository root holds benchmarks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import output, runs, stamp, tables
+from benchmarks import figures, output, runs, stamp, tables
 
 NAME = "policies_simulated"
 UNPREDICTED = ("vllm", "orca", "sarathi", "fastserve", "fluidinfer", "oracle")
@@ -100,11 +100,8 @@ def summary_text(found: list[dict], params: dict) -> str:
 
 
 def plot(path: Path, found: list[dict]) -> None:
-    from lenserve.bench.report import plot_normalized_latency
-    plot_normalized_latency(path, [{"backend": r["policy"], "request_rate": r["request_rate"],
-                                    "summary": r["summary"]} for r in found],
-                            "Normalized latency vs rate, A100-80GB + Llama-2-7B (simulated)",
-                            log_y=True, dpi=80)
+    figures.nl_vs_rate(path, found, "Normalized latency vs rate, A100-80GB + Llama-2-7B "
+                       "(simulated)", log_y=True)
 
 
 def main(argv: list[str] | None = None) -> int:
