@@ -136,6 +136,7 @@ def test_policies_cpu_section_gives_ratios_to_vllm_and_says_when_the_cpu_was_sha
     sec = policies_cpu.section(found, policies_cpu.FULL, "ShareGPT", cpu_stamp(1.5))
     assert "`alise` 0.50x" in sec.text and "`oracle` 0.25x" in sec.text
     assert "shared" in sec.text and "about 7 requests" in sec.text
+    assert "time to first token was 120 ms at 1 req/s" in sec.text
     assert "| 1 | alise | 0.2000 | 0.50 | 120 | 9.0 | 50.0 |" in sec.tables[0][1]
     assert "shared" not in policies_cpu.section(found, policies_cpu.FULL, "ShareGPT",
                                                 cpu_stamp(0.0)).text
