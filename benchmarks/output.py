@@ -85,7 +85,8 @@ def publish(out: Outputs, name: str, section: Section, *, argv: list[str],
     out.file(name, "md").write_text(tables + "\n")
     figure = os.path.relpath(out.file(name, "png"), out.page.parent)
     body = "\n\n".join([
-        f"## {section.title}", section.text, f"![{section.figure_alt}]({figure})", tables,
+        f"## {section.title}", section.text.strip(), f"![{section.figure_alt}]({figure})",
+        tables,
         f"Made by `{command}`, which ran:",
         "```bash\n" + "\n".join(commands) + "\n```", describe(stamp)])
     page.update(out.page, name, body)
