@@ -1,9 +1,10 @@
 """``lenserve bench``: replay one workload against several backends and print them side by side.
 
 Flags follow ``vllm bench serve`` where they overlap; ``--backends`` and ``--sweep-rates`` are
-lenserve's own. Without flags it sends 100 conversations of the bundled ShareGPT sample at once
-to opt-tiny with a 64-block KV pool and a 1 GiB host tier, and gives length-aware policies
-(alise, ssjf, ...) the embedded predictor: a policy comparison that runs on a CPU in minutes.
+lenserve's own. Without flags it sends 50 conversations of the bundled ShareGPT sample at once
+to opt-125m with a 64-block KV pool and a 1 GiB host tier, and gives length-aware policies
+(alise, ssjf, ...) the embedded predictor: a comparison of two policies that runs on a 2-core
+CPU in about a minute.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__)
     p.add_argument("--backends", default="lenserve:vllm",
                    help="comma-separated: lenserve:<policy>, hf-static, hf-cb, openai:<url>")
-    p.add_argument("--model", default="opt-tiny",
+    p.add_argument("--model", default="opt-125m",
                    help="lenserve model: a preset (random weights) or a Hugging Face checkpoint "
                         "directory; also the tokenizer")
     add_workload_arguments(p, BENCH_WORKLOAD)
