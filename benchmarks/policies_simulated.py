@@ -5,7 +5,7 @@ Poisson arrivals, seed 0, a KV pool of 1,536 blocks of 16 tokens, from light loa
     python3 benchmarks/policies_simulated.py [--quick] [--dataset-path FILE]
 
 Three ``lenserve simulate`` runs: the policies that use no length (``oracle`` knows the true
-one itself); the four predictor-driven policies given the true lengths (``--predictor oracle``),
+one itself); the predictor-driven policies given the true lengths (``--predictor oracle``),
 so the table measures mechanisms, not prediction error; and ``alise`` with the embedded
 predictor, labelled ``alise (embedded)``.
 """
@@ -23,8 +23,8 @@ if __package__ in (None, ""):       # run as a script: the repository root holds
 from benchmarks import figures, output, runs, stamp, tables
 
 NAME = "policies_simulated"
-UNPREDICTED = ("vllm", "orca", "sarathi", "fastserve", "fluidinfer", "oracle")
-PREDICTED = ("ssjf", "ltr", "alise", "econoserve")
+UNPREDICTED = ("vllm", "orca", "static", "sarathi", "fastserve", "fluidinfer", "oracle")
+PREDICTED = ("ssjf", "ltr", "alise", "alise-lb", "alise-fluid", "econoserve")
 EMBEDDED = "alise (embedded)"
 FULL = {"num_prompts": 1000, "rates": [4, 6, 8, 10, 12, 16], "embedded": True}
 QUICK = {"num_prompts": 16, "rates": [4, 16], "embedded": False}
@@ -93,10 +93,16 @@ def summary_text(found: list[dict], params: dict) -> str:
             f"run on the roofline cost model of an A100-80GB serving Llama-2-7B "
             f"(`lenserve simulate`), {params['num_prompts']:,} ShareGPT requests per rate, "
             f"Poisson arrivals, seed 0, a KV pool of {NUM_GPU_BLOCKS:,} blocks of 16 tokens. "
-            f"`ssjf`, `ltr`, `alise` and `econoserve` are given the true output lengths, so "
+            f"{_listed(PREDICTED)} are given the true output lengths, so "
             f"`alise` matches `oracle` and the table compares mechanisms without prediction "
-            f"error.{embedded} Highest rate under normalized latency {slo:g} s/token: {rates}; "
+            f"error. There is no host KV tier, so `fluidinfer` (whose resident set cycles "
+            f"through one) runs as `vllm` does.{embedded} Highest rate under normalized latency {slo:g} s/token: {rates}; "
             f"the baseline is `vllm` (FCFS with chunked prefill).")
+
+
+def _listed(names: tuple[str, ...]) -> str:
+    quoted = [f"`{n}`" for n in names]
+    return ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
 
 def plot(path: Path, found: list[dict]) -> None:

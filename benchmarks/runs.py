@@ -15,7 +15,9 @@ import numpy as np
 
 from benchmarks.stamp import REPO
 
-SHAREGPT = Path("/work/shared/data/sharegpt_v3_first_turn.jsonl.gz")
+# The public traces sit in a ``shared/data`` folder beside the checkout (benchmarks may read
+# them; the product ships what it needs). ``--dataset-path`` names the file elsewhere.
+SHAREGPT = REPO.parent / "shared" / "data" / "sharegpt_v3_first_turn.jsonl.gz"
 
 
 class CommandFailed(RuntimeError):
@@ -23,8 +25,13 @@ class CommandFailed(RuntimeError):
 
 
 def shown(args: list[str]) -> str:
-    """The command line as a reader pastes it."""
-    return "lenserve " + shlex.join(args)
+    """The command line as a reader pastes it from the repository root: paths relative to it,
+    so the page names no folder of the machine that made it."""
+    return "lenserve " + shlex.join(_relative(arg) for arg in args)
+
+
+def _relative(arg: str) -> str:
+    return os.path.relpath(arg, REPO) if os.path.isabs(arg) and os.path.exists(arg) else arg
 
 
 def lenserve(args: list[str], log: Path) -> float:

@@ -59,7 +59,8 @@ def sustained_table(runs: list[dict], slos: list[float], base: str = "vllm") -> 
         for slo in slos:
             rate, note = sustained_rate(nl_points(runs, policy), slo)
             ref = sustained_rate(nl_points(runs, base), slo)[0]
-            row += [f"{note}{rate:.2f}", f"{rate / ref:.2f}" if ref > 0 else "-"]
+            # A rate outside the tested range bounds its ratio the same way.
+            row += [f"{note}{rate:.2f}", f"{note}{rate / ref:.2f}" if ref > 0 else "-"]
         rows.append(row)
     return markdown(header, rows)
 
