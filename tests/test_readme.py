@@ -174,3 +174,23 @@ def make_checkpoint(path: Path) -> None:
                          max_position_embeddings=256, eos_token_id=tokenizer.sep_token_id)
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
+
+
+def test_policy_figures_are_the_results_page_s():
+    """Each figure of the README's policy table is what the results page's JSON gives, so a
+    re-run of ``benchmarks/policies_simulated.py`` that moves one fails here until the README
+    follows."""
+    import json
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import tables
+
+    found = json.loads((ROOT / "docs" / "results" / "policies_simulated.json").read_text())["runs"]
+    base = tables.sustained_rate(tables.nl_points(found, "vllm"), 0.05)[0]
+    rows = re.findall(r"^\| `([\w-]+)` \|.*\| ([<≥]?)(\d+\.\d\d)x \|$", README, re.M)
+    assert len(rows) == 13
+    for policy, mark, figure in rows:
+        label = "alise (embedded)" if policy == "alise" else policy
+        rate, note = tables.sustained_rate(tables.nl_points(found, label), 0.05)
+        assert (mark, figure) == ({">=": "≥"}.get(note, note), f"{rate / base:.2f}"), policy
+    assert f"over `vllm`'s {base:.2f} req/s" in README
