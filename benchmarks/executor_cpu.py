@@ -6,7 +6,6 @@ computes from the measured copy bandwidth.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -87,9 +86,7 @@ def section(result: dict, run_stamp: dict) -> output.Section:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    output.add_args(ap)
+    ap = output.parser(__doc__)
     args = ap.parse_args(argv)
     out, params = output.outputs(args, NAME), QUICK if args.quick else FULL
     start, t0 = stamp.take(), time.perf_counter()
@@ -102,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     output.publish(out, NAME, section(result, run_stamp), argv=argv,
                    commands=[runs.shown(command)], stamp=run_stamp,
                    data={"params": params, "result": result})
-    print(f"wrote {output.rel(out.page)} section {NAME} and {output.rel(out.results)}/{NAME}.*")
     return 0
 
 

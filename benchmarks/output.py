@@ -37,6 +37,18 @@ class Outputs:
         return self.results / f"{name}.{suffix}"
 
 
+def parser(description: str, *, dataset: str | None = None,
+           dataset_default: Path | None = None) -> argparse.ArgumentParser:
+    """A benchmark command's parser: its module docstring as the description, the output
+    flags every command takes, and ``--dataset-path`` (help ``dataset``) when it reads one."""
+    ap = argparse.ArgumentParser(description=description,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    if dataset is not None:
+        ap.add_argument("--dataset-path", type=Path, default=dataset_default, help=dataset)
+    add_args(ap)
+    return ap
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a few requests, to check the command end to end; writes under "
@@ -90,6 +102,7 @@ def publish(out: Outputs, name: str, section: Section, *, argv: list[str],
         f"Made by `{command}`, which ran:",
         "```bash\n" + "\n".join(commands) + "\n```", describe(stamp)])
     page.update(out.page, name, body)
+    print(f"wrote {rel(out.page)} section {name} and {rel(out.results)}/{name}.*")
 
 
 def _finite(value):

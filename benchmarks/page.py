@@ -26,7 +26,7 @@ figures are estimates of a cost model, not measurements; CPU figures are measure
 machine the stamp names and move with it.
 """
 
-_SECTION = re.compile(r"<!-- BEGIN (?P<name>[\w.-]+) -->\n.*?<!-- END (?P=name) -->\n?", re.S)
+_SECTION = re.compile(r"<!-- BEGIN (?P<name>[\w.-]+) -->\n.*?<!-- END (?P=name) -->\n?", re.DOTALL)
 
 
 def markers(name: str) -> tuple[str, str]:

@@ -10,7 +10,6 @@ cores, and the page says so when they were shared.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -155,14 +154,11 @@ def section(found: list[dict], params: dict, dataset: str, run_stamp: dict) -> o
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset-path", type=Path, default=None,
-                    help=f"ShareGPT file (default: the bundled sample, else {runs.SHAREGPT})")
+    ap = output.parser(__doc__, dataset="ShareGPT file (default: the bundled sample, else "
+                       f"{runs.SHAREGPT})")
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help="comma-separated; vllm first, the baseline (default: %(default)s; "
                          "econoserve and fluidinfer also run)")
-    output.add_args(ap)
     args = ap.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
     if not policies or policies[0] != "vllm":
@@ -179,7 +175,6 @@ def main(argv: list[str] | None = None) -> int:
                                     "num_gpu_blocks": NUM_GPU_BLOCKS, "block_size": BLOCK_SIZE,
                                     "max_model_len": MAX_MODEL_LEN},
                          "runs": found})
-    print(f"wrote {output.rel(out.page)} section {NAME} and {output.rel(out.results)}/{NAME}.*")
     return 0
 
 

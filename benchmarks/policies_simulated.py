@@ -11,7 +11,6 @@ predictor, labelled ``alise (embedded)``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -112,11 +111,8 @@ def plot(path: Path, found: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset-path", type=Path, default=runs.SHAREGPT,
-                    help="ShareGPT file (default: %(default)s)")
-    output.add_args(ap)
+    ap = output.parser(__doc__, dataset="ShareGPT file (default: %(default)s)",
+                       dataset_default=runs.SHAREGPT)
     args = ap.parse_args(argv)
     dataset = runs.dataset_file(args.dataset_path)
     out, params = output.outputs(args, NAME), QUICK if args.quick else FULL
@@ -135,7 +131,6 @@ def main(argv: list[str] | None = None) -> int:
                    stamp=stamp.finish(start, time.perf_counter() - t0),
                    data={"params": {**params, "num_gpu_blocks": NUM_GPU_BLOCKS, "slos": SLOS,
                                     "dataset": output.rel(dataset)}, "runs": found})
-    print(f"wrote {output.rel(out.page)} section {NAME} and {output.rel(out.results)}/{NAME}.*")
     return 0
 
 

@@ -9,7 +9,6 @@ printed table (``parse_table``): the figures are the command's own, to its print
 """
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 import time
@@ -126,15 +125,12 @@ def section(rows: list[dict], params: dict, proxy_epochs: int,
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset-path", type=Path, default=runs.SHAREGPT,
-                    help="ShareGPT file (default: %(default)s)")
+    ap = output.parser(__doc__, dataset="ShareGPT file (default: %(default)s)",
+                       dataset_default=runs.SHAREGPT)
     ap.add_argument("--proxy-epochs", type=int, default=1,
                     help="epochs of the fine-tuned proxy baseline, which fine-tunes MiniLM on "
                          "the training prompts (about a minute per epoch on an idle 2-core CPU, "
                          "ten times that on a busy one); 0 leaves it out")
-    output.add_args(ap)
     args = ap.parse_args(argv)
     dataset = runs.dataset_file(args.dataset_path)
     out, params = output.outputs(args, NAME), QUICK if args.quick else FULL
@@ -149,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
                    commands=[runs.shown(command)], stamp=run_stamp,
                    data={"params": {**params, "proxy_epochs": args.proxy_epochs,
                                     "dataset": output.rel(dataset)}, "rows": rows})
-    print(f"wrote {output.rel(out.page)} section {NAME} and {output.rel(out.results)}/{NAME}.*")
     return 0
 
 

@@ -73,7 +73,7 @@ def busy_cpu_s() -> float | None:
         fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
     except OSError:
         return None
-    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields)
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields)
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 

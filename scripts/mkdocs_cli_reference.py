@@ -10,7 +10,7 @@ import argparse
 MARKER = "<!-- cli-reference -->"
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (hook signature)
+def on_page_markdown(markdown: str, page, config, files) -> str:
     if MARKER not in markdown:
         return markdown
     return markdown.replace(MARKER, cli_reference())
