@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Sequence
 
 from lenserve.engine.llm_engine import EngineConfig, LLMEngine
@@ -22,6 +23,21 @@ class LLM:
         max_num_batched_tokens, max_num_seqs, attention_backend, dtype, device, ..."""
         self.engine = LLMEngine(EngineConfig(model=model, **engine_options), executor, tokenizer)
         self._counter = itertools.count()
+        # The engine's threads (the predictor's, the KV manager's) must stop before the
+        # interpreter tears torch down under them, which aborts the process ("terminate called
+        # without an active exception"): close when the LLM is collected or, at the latest,
+        # at exit, even when the caller never calls close().
+        self._closer = weakref.finalize(self, self.engine.close)
+
+    def close(self) -> None:
+        """Stop the engine's threads and free its KV; the LLM is unusable afterwards."""
+        self._closer()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def get_tokenizer(self):
         return self.engine.tokenizer

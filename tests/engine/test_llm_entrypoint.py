@@ -135,3 +135,28 @@ def test_checkpoint_without_tokenizer_runs_on_prompt_token_ids(tmp_path):
     assert len(out.outputs[0].token_ids) == 4 and out.outputs[0].text == ""
     with pytest.raises(InvalidRequestError, match="no tokenizer files.*prompt_token_ids"):
         llm.generate("hello")
+
+
+def _predictor_threads() -> list:
+    import threading
+    return [t for t in threading.enumerate() if t.name == "lenserve-predictor"]
+
+
+def test_llm_stops_its_engine_threads_when_closed_or_collected():
+    """A thread left running into interpreter shutdown can abort the process as torch is torn
+    down under it, so the LLM closes its engine: on close(), on leaving a with block, and when
+    it is collected (or at exit) if the caller never closed it."""
+    import gc
+
+    from lenserve import LLM, SamplingParams
+
+    with LLM(model="fake", num_gpu_blocks=64, predictor="oracle") as llm:
+        assert len(_predictor_threads()) == 1
+        llm.generate(["Hello"], SamplingParams(max_tokens=4, temperature=0))
+    assert _predictor_threads() == []
+
+    llm = LLM(model="fake", num_gpu_blocks=64, predictor="oracle")
+    assert len(_predictor_threads()) == 1
+    del llm
+    gc.collect()
+    assert _predictor_threads() == []
