@@ -111,6 +111,13 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:      # it already exited (and the test says why)
+        pass
+
+
 @contextmanager
 def background(cmd: str, ready, timeout: float = 300):
     """``cmd`` as a server in its own process group until the block ends; ``ready()`` says
@@ -127,11 +134,11 @@ def background(cmd: str, ready, timeout: float = 300):
             time.sleep(0.5)
         yield proc
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        _signal_group(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
         deadline = time.monotonic() + 30
         while (_port_open(8000) or _port_open(50051)) and time.monotonic() < deadline:

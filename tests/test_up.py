@@ -382,3 +382,28 @@ def test_sighup_stops_up_and_its_services_as_ctrl_c_does():
         assert proc.wait(timeout=60) == 0
     _wait_for(lines, "stopping", 5)
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_a_port_whose_last_server_just_stopped_is_not_taken():
+    """Connections the last server closed first sit in TIME_WAIT on its port; the servers
+    bind through that (SO_REUSEADDR), so up's check must too, or a restart right after a
+    stop is refused."""
+    from lenserve.commands.up import PortTaken, claim_port
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn's and gRPC's
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = server.accept()
+    conn.close()          # the server side closes first: its end goes to TIME_WAIT
+    server.close()
+    client.close()
+    assert claim_port("127.0.0.1", port, "gateway", "--port") == port
+    with socket.socket() as holder:     # a server listening there now: taken
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        with pytest.raises(PortTaken):
+            claim_port("127.0.0.1", port, "gateway", "--port")

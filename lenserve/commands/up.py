@@ -73,8 +73,12 @@ def claim_port(host: str, port: int, what: str, flag: str) -> int:
     if port == 0:
         return free_port(host)
     with socket.socket() as s:
+        # As the servers bind (uvicorn and gRPC set SO_REUSEADDR): a port whose last server
+        # just stopped, its connections in TIME_WAIT, is free to them, and so it is here.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
+            s.listen()
         except OSError as exc:
             raise PortTaken(f"{what} port {host}:{port} is taken ({exc.strerror}); "
                             f"stop what listens there or choose another with {flag}") from None
