@@ -38,13 +38,15 @@ def gpu_name() -> str:
 
 def commit(repo: Path = REPO) -> str:
     """``git rev-parse --short HEAD``, plus ``-dirty`` when tracked files differ from it
-    (untracked files do not change what the commit's code does)."""
+    (untracked files do not change what the commit's code does, and neither do the results
+    the benchmarks themselves write, so one command's outputs do not mark the next dirty)."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
                               check=True).stdout.strip()
     try:
         head = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                    ":(exclude)docs/results.md", ":(exclude)docs/results")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")

@@ -188,3 +188,22 @@ def test_executor_section_from_the_commands_json():
     sec = executor_cpu.section(result, cpu_stamp(0.0))
     assert "400 tok/s (batch 8)" in sec.text and "10.0 GB/s" in sec.text
     assert "| 8 | 1600 | 80.0 | 400 | 20.0 | 5.00 | 4.0 |" in sec.tables[0][1]
+
+
+def test_the_commit_is_dirty_for_changed_code_not_for_the_results_written(tmp_path):
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "docs" / "results.md").write_text("# Results\n")
+    (tmp_path / "docs" / "results" / "a.json").write_text("{}\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    (tmp_path / "docs" / "results.md").write_text("# Results\n\nnew\n")
+    (tmp_path / "docs" / "results" / "a.json").write_text('{"a": 1}\n')
+    assert not stamp.commit(tmp_path).endswith("-dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert stamp.commit(tmp_path).endswith("-dirty")
