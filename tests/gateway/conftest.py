@@ -1,4 +1,5 @@
-"""Fixtures: one live gateway (API key, small limits) per test module."""
+"""Fixtures: one live gateway (API key, small limits) per test module, and a factory of
+gateways that a test configures itself."""
 from __future__ import annotations
 
 import openai
@@ -18,3 +19,19 @@ def live():
 @pytest.fixture
 def client(live) -> openai.OpenAI:
     return live.client(API_KEY)
+
+
+@pytest.fixture
+def gateway_factory():
+    """``make(...)`` starts a gateway with ``start_gateway``'s arguments; all are stopped after
+    the test."""
+    started = []
+
+    def make(*args, **kwargs):
+        gw, server = start_gateway(*args, **kwargs)
+        started.append((gw, server))
+        return gw
+    yield make
+    for gw, server in started:
+        server.stop()
+        gw.engine.shutdown()

@@ -57,18 +57,11 @@ class FailingBackend:
 
 
 @pytest.fixture
-def failing_gateway():
-    started = []
-
+def failing_gateway(gateway_factory):
     def make(error: Exception, at_start: bool = False):
-        gw, server = start_gateway(long_engine(),
-                                   wrap=lambda engine: FailingBackend(engine, error, at_start))
-        started.append((gw, server))
-        return gw
-    yield make
-    for gw, server in started:
-        server.stop()
-        gw.engine.shutdown()
+        return gateway_factory(long_engine(),
+                               wrap=lambda engine: FailingBackend(engine, error, at_start))
+    return make
 
 
 BODY = {"prompt": "hello", "max_tokens": 50, "ignore_eos": True}

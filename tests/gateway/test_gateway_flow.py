@@ -11,21 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from gateway_helpers import Recording, long_engine, start_gateway, stats_of
-
-
-@pytest.fixture
-def gateway_factory():
-    started = []
-
-    def make(**kwargs):
-        gw, server = start_gateway(**kwargs)
-        started.append((gw, server))
-        return gw
-    yield make
-    for gw, server in started:
-        server.stop()
-        gw.engine.shutdown()
+from gateway_helpers import Recording, long_engine, stats_of
 
 
 def open_long_stream(client: httpx.Client, url: str, max_tokens: int = 50_000):
