@@ -49,26 +49,30 @@ class AttentionContext:
 
 
 def paged_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    ctx: AttentionContext, scale: float) -> torch.Tensor:
-    """Write this iteration's K/V into the pool, then attend over each request's cached KV."""
+                    ctx: AttentionContext, scale: float, window: int = 0,
+                    softcap: float = 0.0) -> torch.Tensor:
+    """Write this iteration's K/V into the pool, then attend over each request's cached KV
+    (``window``, ``softcap``: the layer's sliding window and score cap, 0 for none)."""
     start = time.perf_counter() if ctx.time_attention else 0.0
     ctx.kv_cache.write(layer, k, v, ctx.slot_mapping)
-    out = attend(layer, q, ctx, scale)
+    out = attend(layer, q, ctx, scale, window, softcap)
     if ctx.time_attention:
         ctx.attention_s += time.perf_counter() - start
     return out
 
 
-def attend(layer: int, q: torch.Tensor, ctx: AttentionContext, scale: float) -> torch.Tensor:
+def attend(layer: int, q: torch.Tensor, ctx: AttentionContext, scale: float, window: int = 0,
+           softcap: float = 0.0) -> torch.Tensor:
     """Attention of ``q`` over the cached KV (this iteration's K/V already written)."""
     k_cache, v_cache = ctx.kv_cache.layer(layer)
+    opts = {"window": window, "softcap": softcap} if window or softcap else {}
     if ctx.waves is None:
-        out = ctx.backend.forward(q, k_cache, v_cache, ctx.meta, scale)
+        out = ctx.backend.forward(q, k_cache, v_cache, ctx.meta, scale, **opts)
     else:
         out = torch.empty_like(q)
         for i, (sub, rows) in enumerate(ctx._wave_meta):
             t0 = time.perf_counter() if ctx.time_attention else 0.0
-            out[rows] = ctx.backend.forward(q[rows], k_cache, v_cache, sub, scale)
+            out[rows] = ctx.backend.forward(q[rows], k_cache, v_cache, sub, scale, **opts)
             if ctx.time_attention:
                 ctx.wave_attention_s[i] += time.perf_counter() - t0
     return out
