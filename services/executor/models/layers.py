@@ -106,17 +106,20 @@ class RMSNorm(nn.Module):
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos, sin[num_tokens, head_dim]`` for the rotate-half RoPE layout of Hugging Face."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float()
-    inv_freq = 1.0 / (theta ** (exponents / head_dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    """``cos, sin[num_tokens, head_dim]`` of plain RoPE (``rope.rope_cos_sin`` for the others)."""
+    from services.executor.models import rope
+
+    spec = rope.rope_spec(None, {"rope_theta": theta}, head_dim)
+    return rope.rope_cos_sin(positions, spec, dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x[num_tokens, heads, head_dim]`` by per-token angles."""
-    half = x.shape[-1] // 2
+    """Rotate ``x[num_tokens, heads, head_dim]`` by per-token angles; with partial rotary
+    (``cos`` narrower than ``head_dim``) the remaining features pass through."""
+    dim = cos.shape[-1]
+    if dim < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :dim], cos, sin), x[..., dim:]), dim=-1)
+    half = dim // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
