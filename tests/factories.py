@@ -46,3 +46,25 @@ def write_checkpoint(tmp_path: Path, family: str, seed: int = 0, tokenizer: bool
     if tokenizer:
         preset_tokenizer().save_pretrained(path)
     return path
+
+
+def lay_out_hub_cache(cache: Path, model_id: str, checkpoint: Path) -> Path:
+    """Put ``checkpoint``'s files into a Hugging Face hub cache at ``cache`` as the hub client
+    does (``models--org--name/blobs`` plus a snapshot of links, ``refs/main`` naming it), so
+    ``HF_HUB_CACHE=cache`` with HF_HUB_OFFLINE finds ``model_id`` there. Returns the snapshot."""
+    import hashlib
+    import os
+
+    repo = Path(cache) / f"models--{model_id.replace('/', '--')}"
+    commit = hashlib.sha1(model_id.encode()).hexdigest()
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for f in sorted(Path(checkpoint).iterdir()):
+        data = f.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / f.name)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot

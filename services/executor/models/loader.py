@@ -72,6 +72,7 @@ class LoadedModel:
     eos_token_id: int | None
     max_model_len: int
     dtype: torch.dtype
+    eos_token_ids: tuple[int, ...] = ()     # every stop token; eos_token_id is the first
 
 
 def resolve_dtype(name: str, device: str | torch.device = "cpu") -> str:
@@ -214,8 +215,25 @@ def load_model(model: str, *, dtype: str = "float32", device: str = "cpu", seed:
     net = _instantiate(config, weights, torch_dt, device)
     if path is None:
         _note_preset(name)
-    eos = getattr(config, "eos_token_id", None)
+    eos = eos_token_ids(config, path)
     return LoadedModel(
         model=net, tokenizer=tokenizer, hf_config=config, name=name, family=config.model_type,
-        eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        eos_token_id=eos[0] if eos else None, eos_token_ids=eos,
         max_model_len=int(config.max_position_embeddings), dtype=torch_dt)
+
+
+def eos_token_ids(config: PretrainedConfig, path: Path | None) -> tuple[int, ...]:
+    """The config's EOS id(s), then those of generation_config.json (Llama 3 Instruct lists
+    three, Qwen2.5 Instruct two): any of them ends a text, as in ``generate``."""
+    ids: list[int] = []
+
+    def add(value) -> None:
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and v not in ids:
+                ids.append(v)
+
+    add(getattr(config, "eos_token_id", None))
+    gen = path / "generation_config.json" if path is not None else None
+    if gen is not None and gen.is_file():
+        add(json.loads(gen.read_text()).get("eos_token_id"))
+    return tuple(ids)
