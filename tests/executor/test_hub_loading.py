@@ -82,7 +82,8 @@ def test_the_checkpoints_chat_template_renders_chat_prompts(offline_cache):
 
     formatter = ChatFormatter(model_tokenizer(MODEL_ID))
     assert formatter.uses_template
-    prompt = formatter.render([ChatMessage(role="user", content="hi")], GatewayConfig(served_model_name=MODEL_ID))
+    prompt = formatter.render([ChatMessage(role="user", content="hi")],
+                              GatewayConfig(served_model_name=MODEL_ID))
     assert prompt.text == "<|user|>hi\n<|assistant|>"
 
 

@@ -48,8 +48,9 @@ static inline void sweep(const T* __restrict cache, const int32_t* __restrict ta
 
 // One work item: KV heads [h0, h1) of one sequence (each with its G query heads) against the
 // sequence's keys lo..seq_len-1 (lo > 0 under a sliding window); softcap > 0 squashes each
-// score to softcap * tanh(score / softcap). Every block's rows for those heads are read in address order, so the
-// sweep over a block is one contiguous stream when the item covers all heads.
+// score to softcap * tanh(score / softcap). Every block's rows for those heads are read in
+// address order, so the sweep over a block is one contiguous stream when the item covers all
+// heads.
 template <typename T>
 static void decode_item(const T* __restrict q, const T* __restrict kc, const T* __restrict vc,
                         const int32_t* __restrict table, int64_t lo, int64_t seq_len, int64_t h0,

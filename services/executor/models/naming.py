@@ -78,7 +78,8 @@ def preset_notice(name: str) -> str:
     """What a user should know about a preset before reading its output: a preset is named
     like the real model but has random weights."""
     return (f"{name} is a preset with random weights (text is gibberish); pass a checkpoint "
-            f"directory (--model /path/to/hf-model) to serve a real model")
+            f"directory or a hub id (--model /path/to/hf-model, --model org/name) to serve a "
+            f"real model")
 
 
 def preset_tokenizer():

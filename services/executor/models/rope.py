@@ -98,7 +98,8 @@ def _yarn(pos_freqs: torch.Tensor, dim: int, base: float, p: dict,
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001   # no singular ramp
-    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
+    steps = torch.arange(dim // 2, dtype=torch.float32, device="cpu")
+    ramp = torch.clamp((steps - low) / (high - low), 0, 1)
     extrapolation = 1 - ramp
     inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) \
         + (1.0 / pos_freqs) * extrapolation
