@@ -18,7 +18,7 @@ import torch
 
 # Lengths around the presets' windows (24, 40) and RoPE scalings' original length (64).
 PROMPT_LENS = (5, 31, 47, 70)
-QUICK_PROMPT_LENS = (5, 47)
+QUICK_PROMPT_LENS = (5, 31)
 
 
 @dataclass
