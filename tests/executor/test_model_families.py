@@ -110,3 +110,22 @@ def test_gemma2_final_logits_are_soft_capped_as_hf(reference):
     assert got.abs().max() < cap
     uncapped = torch.atanh(got / cap) * cap
     assert (uncapped - got).abs().max() > 0.1     # the cap moves this prompt's logits
+
+
+def test_partial_rotary_phi_checkpoint_is_token_exact(tmp_path, monkeypatch):
+    """Phi-4-mini style: RoPE on the first half of each head only, the rest passed through."""
+    from services.executor.models import presets
+
+    config = presets.FAMILY_PRESETS["phi3-tiny"].config
+    spec = presets.PresetSpec("phi3", "partial rotary", {**config, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}})
+    monkeypatch.setitem(presets.PRESETS, "phi3-partial-test", spec)
+    path = write_preset_checkpoint("phi3-partial-test", tmp_path)
+    assert json.loads((path / "config.json").read_text())["rope_parameters"][
+        "partial_rotary_factor"] == 0.5
+    prompts = make_prompts((5, 47))
+    want = hf_greedy(path, prompts, MAX_TOKENS)
+    assert lenserve_greedy(path, prompts, MAX_TOKENS, "torch") == want
+    full = _without(path, tmp_path, {"rope_parameters": {"rope_type": "default",
+                                                         "rope_theta": 10000.0}})
+    assert lenserve_greedy(full, prompts, MAX_TOKENS, "torch") != want

@@ -163,6 +163,9 @@ class LlamaForCausalLM(nn.Module):
         self.vocab_size = arch.vocab_size
         self.max_positions = cfg.max_position_embeddings
         self._rope_tables: dict = {}
+        self._inv_freq: dict = {}       # (rope key, device) -> inv_freq there, filled lazily
+        # Rounded to the model dtype first, as Hugging Face's scaled embedding does.
+        self._embed_scale: dict = {}
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden)
         layer_cls = SandwichDecoderLayer if arch.sandwich else LlamaDecoderLayer
         self.layers = nn.ModuleList(layer_cls(arch, i) for i in range(self.num_layers))
@@ -174,8 +177,10 @@ class LlamaForCausalLM(nn.Module):
                 ctx: AttentionContext) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         if self.arch.embed_scale:
-            # Rounded to the model dtype first, as Hugging Face's scaled embedding does.
-            x = x * torch.tensor(self.arch.embed_scale, dtype=x.dtype)
+            if x.dtype not in self._embed_scale:
+                self._embed_scale[x.dtype] = float(torch.tensor(self.arch.embed_scale,
+                                                                dtype=x.dtype))
+            x = x * self._embed_scale[x.dtype]
         ropes = {key: self.rope(key, positions, x) for key in self.arch.ropes}
         residual = None
         for layer, key in zip(self.layers, self.arch.layer_rope):
@@ -188,7 +193,10 @@ class LlamaForCausalLM(nn.Module):
         spec = self.arch.ropes[key]
         if not (self.arch.plain_rope and use_fused(x)):
             # Angles are computed once per iteration and shared by all layers of this type.
-            cos, sin = rope_cos_sin(positions, spec, x.dtype)
+            inv = self._inv_freq.get((key, x.device))
+            if inv is None:
+                inv = self._inv_freq[key, x.device] = spec.inv_freq.to(x.device)
+            cos, sin = rope_cos_sin(positions, spec, x.dtype, inv)
             return Rope(positions, cos, sin, fused=False)
         cache_key = (x.device, x.dtype)
         if self._rope_tables.get("key") != cache_key:

@@ -46,8 +46,9 @@ FAMILY_PRESETS: dict[str, PresetSpec] = {
     "qwen2.5-tiny": PresetSpec("qwen2", "Qwen2.5 style: QKV bias, tied embeddings", {
         **_TINY, "tie_word_embeddings": True}),
     "qwen2.5-yarn-tiny": PresetSpec("qwen2", "Qwen2.5 with YaRN RoPE scaling (factor 4)", {
-        **_TINY, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
-                                     "original_max_position_embeddings": 64}}),
+        **_TINY, "max_position_embeddings": 256, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+            "original_max_position_embeddings": 64}}),
     "qwen3-tiny": PresetSpec("qwen3", "Qwen3 style: per-head q/k RMSNorm, head_dim 32 > "
                              "hidden/heads, tied embeddings", {
                                  **_TINY, "head_dim": 32, "tie_word_embeddings": True}),

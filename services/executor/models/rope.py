@@ -106,10 +106,11 @@ def _yarn(pos_freqs: torch.Tensor, dim: int, base: float, p: dict,
     return inv_freq, attention
 
 
-def rope_cos_sin(positions: torch.Tensor, spec: RopeSpec,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos, sin[num_tokens, rotary_dim]`` for the rotate-half layout of Hugging Face."""
-    inv_freq = spec.inv_freq.to(positions.device)
+def rope_cos_sin(positions: torch.Tensor, spec: RopeSpec, dtype: torch.dtype,
+                 inv_freq: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin[num_tokens, rotary_dim]`` for the rotate-half layout of Hugging Face;
+    ``inv_freq``: ``spec.inv_freq`` already on the positions' device (no copy in a CUDA graph)."""
+    inv_freq = spec.inv_freq.to(positions.device) if inv_freq is None else inv_freq
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()
