@@ -129,3 +129,19 @@ def test_partial_rotary_phi_checkpoint_is_token_exact(tmp_path, monkeypatch):
     full = _without(path, tmp_path, {"rope_parameters": {"rope_type": "default",
                                                          "rope_theta": 10000.0}})
     assert lenserve_greedy(full, prompts, MAX_TOKENS, "torch") != want
+
+
+def test_qwen2_sliding_layers_from_layer_types(tmp_path):
+    """Qwen2's use_sliding_window: the layers ``layer_types`` names slide, the others do not."""
+    from services.executor.models.loader import load_model
+    from tests.factories import write_checkpoint
+
+    path = write_checkpoint(tmp_path, "qwen2.5-tiny", use_sliding_window=True, sliding_window=24,
+                            max_window_layers=1,
+                            layer_types=["full_attention", "sliding_attention"])
+    assert load_model(str(path)).model.arch.windows == (0, 24)
+    prompts = make_prompts((5, 47))
+    want = hf_greedy(path, prompts, MAX_TOKENS)
+    assert lenserve_greedy(path, prompts, MAX_TOKENS, "cpu") == want
+    full = _without(path, tmp_path, {"layer_types": ["full_attention"] * 2})
+    assert lenserve_greedy(full, prompts, MAX_TOKENS, "torch") != want
