@@ -22,6 +22,7 @@ class EconoServeConfig(PolicyConfig):
     enable_pipelining: bool = True
     buffer_ratio: float = 0.15          # pipelining safety buffer, of the hosting GT's remainder
     group_bucket_tokens: int = 16       # equal predicted remainder (to this bucket) = one group
+    sync_groups: bool = True            # select GTs only when due (a GT ended, paused, fits)
     default_output_len: int = 128       # until a prediction arrives
     slo_scale: float = 2.0
     prefill_s_per_token: float = 0.0005  # initial tp; measured timings refine it
