@@ -137,7 +137,7 @@ def test_policies_cpu_section_gives_ratios_to_vllm_and_says_when_the_cpu_was_sha
     assert "`alise` 0.50x" in sec.text and "`oracle` 0.25x" in sec.text
     assert "shared" in sec.text and "about 7 requests" in sec.text
     assert "time to first token was 120 ms at 1 req/s" in sec.text
-    assert "| 1 | alise | 0.2000 | 0.50 | 120 | 9.0 | 50.0 |" in sec.tables[0][1]
+    assert "| 1 | alise | 0.2000 | 0.50 | 120 | 9.0 | 50.0 | 0 |" in sec.tables[0][1]
     assert "shared" not in policies_cpu.section(found, policies_cpu.FULL, "ShareGPT",
                                                 cpu_stamp(0.0)).text
 
@@ -207,3 +207,14 @@ def test_the_commit_is_dirty_for_changed_code_not_for_the_results_written(tmp_pa
     assert not stamp.commit(tmp_path).endswith("-dirty")
     (tmp_path / "code.py").write_text("x = 2\n")
     assert stamp.commit(tmp_path).endswith("-dirty")
+
+
+def test_a_run_with_failed_requests_says_so_and_sustains_no_latency_target():
+    from benchmarks import tables
+    failing = bench_run("econoserve", 2.0, 0.01)
+    failing["summary"]["failed"] = 3
+    found = [bench_run("econoserve", 1.0, 0.02), failing]
+    assert "0.0100 (3 failed)" in "\n".join(tables.rate_table(found, lambda s: s[tables.NL],
+                                                                "{:.4f}"))
+    # Its normalized latency covers completed requests only: the rate does not count.
+    assert tables.sustained_rate(tables.nl_points(found, "econoserve"), 0.05) == (1.0, "")
