@@ -105,9 +105,9 @@ def test_a_host_whose_guest_finished_lends_again():
     assert host.num_output_tokens == 56
 
 
-def test_prompts_prefill_in_the_reserve_whatever_the_waiting_gts_hold():
+def waiting_and_prefilling_kv(*options):
     s = econo("padding_ratio=0", "enable_pipelining=false", "reserved_kv_fraction=0.1",
-              num_gpu_blocks=32)
+              *options, num_gpu_blocks=32)
     add(s, make_request("long", 4, 80, predicted_output_len=80, slo_deadline_s=100))
     step(s)
     step(s)
@@ -120,10 +120,20 @@ def test_prompts_prefill_in_the_reserve_whatever_the_waiting_gts_hold():
         step(s, float(i))
         prefilling.append(sum(bm.num_blocks_of(rid) for rid in policy.prefilling))
         waiting.append(sum(bm.num_blocks_of(r.request_id) for r in policy.gts.ordered()))
+    assert all(r.num_output_tokens == 20 for r in short)
+    return policy, max(prefilling), max(waiting)
+
+
+def test_prompts_prefill_in_the_reserve_whatever_the_waiting_gts_hold():
+    policy, prefilling, waiting = waiting_and_prefilling_kv("waiting_kv_fraction=1")
     # Prompts kept coming while prefilled GTs held more than the reserve (before, they
     # waited beside free blocks once waiting GTs held 4), and never held more than it.
-    assert max(prefilling) <= policy.reserved_blocks == 4 < max(waiting)
-    assert all(r.num_output_tokens == 20 for r in short)
+    assert prefilling <= policy.reserved_blocks == 4 < waiting
+
+
+def test_prompt_kv_waiting_for_gt_allocations_is_capped():
+    policy, _, waiting = waiting_and_prefilling_kv("waiting_kv_fraction=0.2")
+    assert policy.waiting_cap == 6 and waiting <= 6 + 1       # the cap, plus one prompt
 
 
 def test_under_prediction_pauses_the_gt_with_its_kv_instead_of_recomputing():

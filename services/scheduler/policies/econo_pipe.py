@@ -50,6 +50,7 @@ class PipeliningMixin:
                 self.lender_of[guest.request_id] = rid
                 self.guests.setdefault(rid, []).append(guest)
             self._start(guest, output)
+            self.num_hosted += 1
             tokens -= 1
             if need:
                 tokens = self._host(state, output, guest, tokens)

@@ -55,6 +55,7 @@ class EconoServePolicy(PipeliningMixin, Policy):
         super().__init__(config, policy_config)
         o = self.options
         self.reserved_blocks = validate(o, config)
+        self.waiting_cap = max(1, int(o.waiting_kv_fraction * config.num_gpu_blocks))
         self.model = LengthModel(o, config, self.reserved_blocks)
         self.ordering = Ordering(o.deadline_range_s, o.kv_range_blocks, o.length_range_tokens)
         self.pts = OrderedQueue()            # waiting / preempted: no KV
@@ -69,9 +70,10 @@ class EconoServePolicy(PipeliningMixin, Policy):
         self.num_selections = 0               # iterations that ran GT selection
         self.num_pauses = 0                   # offload-free preemptions
         self.num_guest_moves = 0              # guests moved to the host tier
+        self.num_hosted = 0                   # GTs started in another's allocation
         self.num_forced = 0                   # waiting GTs recomputed to make room
         self._iteration = 0
-        self._promise: dict[str, int] = {}    # blocked head -> iteration it must start by
+        self._promise: tuple[str, int] | None = None   # blocked head, iteration to start by
         self._wake: int | None = None         # a promise falls due: select then
 
     # -- queues --------------------------------------------------------------------------
@@ -103,7 +105,7 @@ class EconoServePolicy(PipeliningMixin, Policy):
         """Forget the request in every table; its guests lose their host (their blocks go
         back to the next lender, or the free pool), its host its loan."""
         rid = req.request_id
-        for table in (self.prefilling, self.active, self.keys, self._promise):
+        for table in (self.prefilling, self.active, self.keys):
             table.pop(rid, None)
         self.gts.remove(req)
         host = self.lender_of.pop(rid, None)
@@ -232,10 +234,13 @@ class EconoServePolicy(PipeliningMixin, Policy):
         bm, rid, now = state.block_manager, head.request_id, self._iteration
         need = self.gts.size_of(head)
         plan = reserve(need, self._free_for_gts(bm), self._releases(bm))
-        promise = self._promise.setdefault(rid, now + (plan.shadow or 0))
+        if self._promise is None or self._promise[0] != rid:
+            # A new head (one that overtook the last keeps the bound of its own deadline).
+            self._promise = (rid, now + (plan.shadow or 0))
+        promise = self._promise[1]
         if now >= promise:
-            self._evict_queued(state, output, head, self._free_for_gts)
-            if self.gts.size_of(head) <= self._free_for_gts(bm):
+            if self._evictable(bm, head) >= need - self._free_for_gts(bm):
+                self._evict_queued(state, output, head, self._free_for_gts)
                 return self._activate(state, output, head, tokens)
             self._wake = now + 1      # running GTs outlive their prediction: look again
             return tokens
@@ -273,10 +278,13 @@ class EconoServePolicy(PipeliningMixin, Policy):
         return tokens
 
     def _start(self, req: Request, output: SchedulerOutput) -> None:
-        self._promise.pop(req.request_id, None)
         self.active[req.request_id] = req
         self.keys[req.request_id] = self._key(req, 0, self.model.remaining(req))
         output.add(req, 1)
+
+    def _evictable(self, bm, head: Request) -> int:
+        return sum(bm.num_blocks_of(r.request_id) for r in self.gts.ordered()
+                   if r is not head and r.status is _RUNNING)
 
     def _evict_queued(self, state: SchedulerState, output: SchedulerOutput, head: Request,
                       room) -> None:
@@ -306,7 +314,10 @@ class EconoServePolicy(PipeliningMixin, Policy):
     def _admit_prompts(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> None:
         bm = state.block_manager
         held = sum(bm.num_blocks_of(rid) for rid in self.prefilling)
+        waiting = self._waiting_kv(bm) if self.gts else 0
         while tokens > 0 and self.pts:
+            if waiting and held + waiting >= self.waiting_cap:
+                return      # enough prompts wait for their GT allocation already
             req = self._pick_prompt(bm, tokens, held, first=not self.prefilling and
                                     not output.scheduled)
             if req is None or not state.admit(req, req.num_tokens):
@@ -320,6 +331,13 @@ class EconoServePolicy(PipeliningMixin, Policy):
             self.keys[req.request_id] = self._key(req, 0, req.num_tokens)
             output.add(req, n)
             tokens -= n
+
+    def _waiting_kv(self, bm) -> int:
+        """Blocks of the GTs waiting for their allocation that have never decoded (prompt
+        KV); kept up to date at queue changes would cost more than this sum, which runs
+        once per iteration over the waiting GTs."""
+        return sum(bm.num_blocks_of(r.request_id) for r in self.gts.ordered()
+                   if r.request_id not in self.lender_of)
 
     def _prompt_fits(self, bm, req: Request, held: int) -> bool:
         """PTs live in the reserve (the paper's "small amount of KVC reserved for adding
