@@ -218,3 +218,27 @@ def test_a_run_with_failed_requests_says_so_and_sustains_no_latency_target():
                                                                 "{:.4f}"))
     # Its normalized latency covers completed requests only: the rate does not count.
     assert tables.sustained_rate(tables.nl_points(found, "econoserve"), 0.05) == (1.0, "")
+
+
+def tiny_alpaca(path: Path, n: int = 16) -> Path:
+    path.write_text(json.dumps([{"instruction": f"task {i} " * (2 + i), "input": "",
+                                 "output": "done " * (4 + 2 * i)} for i in range(n)]))
+    return path
+
+
+def test_econoserve_paper_quick_reports_sustained_rates_and_paper_metrics(tmp_path):
+    from benchmarks import econoserve_paper
+    argv = ["--quick", "--dataset-path", str(tiny_sharegpt(tmp_path / "tiny.jsonl.gz")),
+            "--alpaca-path", str(tiny_alpaca(tmp_path / "alpaca.json")),
+            "--docs", str(tmp_path / "docs"), "--raw", str(tmp_path / "raw")]
+    assert econoserve_paper.main(argv) == 0
+    out = output.Outputs(docs=tmp_path / "docs", raw=tmp_path / "raw")
+    record = json.loads(out.file("econoserve_paper", "json").read_text())
+    assert set(record["runs"]) == {"sharegpt", "alpaca"}
+    assert {r["policy"] for r in record["runs"]["sharegpt"]} == set(econoserve_paper.POLICIES)
+    assert set(record["sustained"]["alpaca"]["econoserve"]) == {"NL <= 0.05", "NL <= 0.1",
+                                                                "SSR >= 90%"}
+    text = out.page.read_text()
+    assert section_count(text, "econoserve_paper") == 1
+    assert "x vllm-v0" in text and "scheduler share of JCT" in text
+    assert "--block-size 32 --num-gpu-blocks 491" in text
