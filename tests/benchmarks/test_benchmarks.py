@@ -228,7 +228,8 @@ def tiny_alpaca(path: Path, n: int = 16) -> Path:
 
 def test_econoserve_paper_quick_reports_sustained_rates_and_paper_metrics(tmp_path):
     from benchmarks import econoserve_paper
-    argv = ["--quick", "--dataset-path", str(tiny_sharegpt(tmp_path / "tiny.jsonl.gz")),
+    argv = ["--quick", "--skip-real", "--dataset-path",
+            str(tiny_sharegpt(tmp_path / "tiny.jsonl.gz")),
             "--alpaca-path", str(tiny_alpaca(tmp_path / "alpaca.json")),
             "--docs", str(tmp_path / "docs"), "--raw", str(tmp_path / "raw")]
     assert econoserve_paper.main(argv) == 0
