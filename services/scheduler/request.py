@@ -69,6 +69,7 @@ class Request:
     """Mutable per-request state. Only the scheduler core changes ``status``."""
 
     __slots__ = (
+        "cache_hint",
         "eos_token_id",
         "error",
         "finish_reason",
@@ -102,6 +103,9 @@ class Request:
         # Prompt followed by outputs: recompute after preemption prefills all of it.
         self.token_ids = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        # Cached prefix tokens the policy planned this admission with (SchedulerState.
+        # prefix_start); admission claims at most that many.
+        self.cache_hint = 0
         self.fix_stop_conditions()
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None

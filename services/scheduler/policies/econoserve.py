@@ -269,12 +269,16 @@ class EconoServePolicy(Policy):
         while tokens > 0 and self.pts:
             req = self._pick_prompt(bm, tokens, held, first=not self.prefilling and
                                     not output.scheduled)
-            if req is None or not state.admit(req, req.num_tokens):
+            if req is None:
+                return
+            state.prefix_start(req)             # admit shares its cached prefix
+            if not state.admit(req, req.num_tokens):
                 return
             self.pts.remove(req)
             held += bm.num_blocks_of(req.request_id)
-            # Without chunking an oversized prompt runs whole, alone.
-            n = req.num_tokens
+            # Without chunking an oversized prompt runs whole, alone. A cached prefix was
+            # claimed by the admission: only the rest is fed.
+            n = req.num_tokens - req.num_computed_tokens
             if self.config.enable_chunked_prefill:
                 n = min(n, tokens)
             self.prefilling[req.request_id] = req
