@@ -31,6 +31,8 @@ _ROWS: list[tuple[str, tuple[str, ...], str]] = [
     ("SLO attainment (%)", ("slo_attainment",), "{:.1%}"),
     ("SLO satisfaction ratio (%)", ("slo_satisfaction_ratio",), "{:.1%}"),
     ("Preemptions", ("num_preemptions",), "{:.0f}"),
+    ("Prefix cache hit rate (%)", ("prefix_cache_hit_rate",), "{:.1%}"),
+    ("Cached prompt tokens", ("prefix_cache_hits",), "{:.0f}"),
 ]
 
 

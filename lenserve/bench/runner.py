@@ -48,6 +48,8 @@ def replay(backend: Backend, workload: Workload, config: RunnerConfig = RunnerCo
     pending = deque(workload.requests)
     done: list[RequestRecord] = []
     label = f"{backend.name} @ {request_rate:g} req/s"
+    backend.clear_cache()
+    counted = backend.counters()
     before = copy.copy(backend.profile())
     with tqdm(total=len(pending), desc=label, unit="req", disable=not config.show_progress) as bar:
         start = time.monotonic()
@@ -62,8 +64,19 @@ def replay(backend: Backend, workload: Workload, config: RunnerConfig = RunnerCo
     records = sorted((r.shifted(start) for r in done), key=lambda r: order.get(r.request_id, 0))
     after = backend.profile()
     profile = after.since(before) if after is not None and before is not None else None
-    return BackendRun(backend.name, request_rate, duration, records, profile,
+    stats = counter_deltas(counted, backend.counters())
+    return BackendRun(backend.name, request_rate, duration, records, profile, stats,
                       setup=backend.describe() or None)
+
+
+def counter_deltas(before: dict | None, after: dict | None) -> dict | None:
+    """The counters' growth over a run, with the prefix cache's hit rate when it was asked."""
+    if before is None or after is None:
+        return None
+    out = {k: after[k] - before.get(k, 0) for k in after}
+    if out.get("prefix_cache_queries"):
+        out["prefix_cache_hit_rate"] = out["prefix_cache_hits"] / out["prefix_cache_queries"]
+    return out
 
 
 def _submit_due(backend: Backend, pending: deque[BenchRequest], start: float) -> None:

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from lenserve.bench.backends.base import BackendOptions, failed_record
 from lenserve.bench.metrics import RequestRecord
-from lenserve.bench.runner import BackendRun
+from lenserve.bench.runner import BackendRun, counter_deltas
 from lenserve.workloads.types import BenchRequest, Workload
 from lenserve_contract.outputs import RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
@@ -48,7 +48,7 @@ def build_engine(spec: SimSpec, clock: VirtualClock) -> EngineCore:
         block_size=t.block_size, num_gpu_blocks=blocks,
         max_num_batched_tokens=o.max_num_batched_tokens, max_num_seqs=o.max_num_seqs,
         max_model_len=max_model_len(spec), predictor=predictor,
-        predictor_seed=o.predictor_seed)
+        predictor_seed=o.predictor_seed, enable_prefix_caching=o.enable_prefix_caching)
     return EngineCore(**engine_parts(config, executor, kv_manager=host_tier(spec, executor, clock)),
                       tokenizer=None, clock=clock, finished_outputs_only=True)
 
@@ -192,5 +192,7 @@ def simulate(spec: SimSpec, workload: Workload, request_rate: float,
     records = sorted(replay.done, key=lambda r: order[r.request_id])
     # The engine's StepProfile would time the simulator, not the simulated device: left out.
     return BackendRun(spec.name, request_rate, replay.clock.now, records, None,
-                      {"num_preemptions": stats.num_preemptions,
-                       "num_iterations": stats.num_iterations})
+                      counter_deltas({}, {"num_preemptions": stats.num_preemptions,
+                                          "num_iterations": stats.num_iterations,
+                                          "prefix_cache_queries": stats.prefix_cache_queries,
+                                          "prefix_cache_hits": stats.prefix_cache_hits}))

@@ -206,6 +206,7 @@ def run_bench(args: argparse.Namespace) -> int:
                              num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
                              max_model_len=args.max_model_len,
                              swap_space_gib=args.swap_space, kv_int8=args.kv_int8,
+                             enable_prefix_caching=args.enable_prefix_caching,
                              device=args.device, dtype=args.dtype,
                              enforce_eager=args.enforce_eager)
     per_backend = [with_predictor(spec, options, args.predictor) for spec in specs]
