@@ -187,6 +187,11 @@ class BlockManager:
             return []
         return self.prefix.match(token_ids, (len(token_ids) - 1) // self.block_size)[0]
 
+    def num_held_of(self, blocks: list[int]) -> int:
+        """How many of ``blocks`` some request holds (sharing them takes no free block)."""
+        ref = self._ref
+        return sum(1 for b in blocks if ref[b])
+
     def num_free_taken_by(self, blocks: list[int]) -> int:
         """How many of ``blocks`` a claim would take out of the free count."""
         ref, cached = self._ref, self.prefix.free_cached if self.prefix else {}

@@ -70,6 +70,7 @@ class Request:
 
     __slots__ = (
         "cache_hint",
+        "num_cached_tokens",
         "eos_token_id",
         "error",
         "finish_reason",
@@ -106,6 +107,9 @@ class Request:
         # Cached prefix tokens the policy planned this admission with (SchedulerState.
         # prefix_start); admission claims at most that many.
         self.cache_hint = 0
+        # Its tokens the prefix cache held when last looked up (at arrival, on requeue and
+        # at each admission attempt): what length-aware policies rank a queued request by.
+        self.num_cached_tokens = 0
         self.fix_stop_conditions()
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None

@@ -73,6 +73,7 @@ class Scheduler:
         """Queue a request, or raise InvalidRequestError (nothing else changes)."""
         self._validate(request)
         request.fix_stop_conditions(self.config.max_model_len)
+        self.state.cached_tokens(request)       # what the policy ranks it by
         self.state.add(request)
         self.policy.add_request(request)
 

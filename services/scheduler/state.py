@@ -62,6 +62,15 @@ class SchedulerState:
         self.requests[request.request_id] = request
         self.counts[request.status] += 1
 
+    def cached_tokens(self, request: Request) -> int:
+        """Look up, and note on the request, how many of its tokens the prefix cache holds
+        now (a policy ranks a queued request by its uncached work)."""
+        bm = self.block_manager
+        if bm.prefix is None:
+            return 0
+        request.num_cached_tokens = n = len(bm.match_prefix(request.token_ids)) * bm.block_size
+        return n
+
     def prefix_start(self, request: Request) -> int:
         """Where the request's next chunk starts if it is admitted now: its computed tokens,
         or for a waiting or preempted request the end of its cached prefix. A policy plans
@@ -70,7 +79,7 @@ class SchedulerState:
         bm = self.block_manager
         if computed or bm.prefix is None or request.status not in _ADMITTABLE:
             return computed
-        request.cache_hint = hit = len(bm.match_prefix(request.token_ids)) * bm.block_size
+        request.cache_hint = hit = self.cached_tokens(request)
         return hit
 
     def admit(self, request: Request, num_tokens: int | None = None) -> bool:

@@ -55,7 +55,9 @@ class EconoServePolicy(Policy):
         return self.ordering.key(self.model.deadline(req), occupied, length)
 
     def _queue_pt(self, req: Request) -> None:
-        self.pts.push(req, self._key(req, 0, req.num_tokens), req.num_tokens)
+        # Sized by its uncached tokens: a cached prefix is neither prefilled nor allocated.
+        uncached = req.num_tokens - req.num_cached_tokens
+        self.pts.push(req, self._key(req, 0, uncached), uncached)
 
     def _queue_gt(self, req: Request, bm) -> None:
         have = bm.num_blocks_of(req.request_id)
@@ -146,6 +148,7 @@ class EconoServePolicy(Policy):
     def _preempt(self, state: SchedulerState, output: SchedulerOutput, req: Request) -> None:
         self._forget(req)
         state.preempt(req, output)
+        state.cached_tokens(req)
         self._queue_pt(req)
 
     def _continue_prefills(self, output: SchedulerOutput, tokens: int) -> int:
@@ -288,9 +291,11 @@ class EconoServePolicy(Policy):
 
     def _prompt_kv_held(self, bm) -> int:
         """Blocks held for prompts that have no GT allocation yet: prefilling, or prefilled
-        and queued as GTs."""
-        return sum(bm.num_blocks_of(rid) for rid in self.prefilling) + sum(
-            bm.num_blocks_of(r.request_id) for r in self.gts.ordered())
+        and queued as GTs. A block prompts share (a cached prefix) counts once."""
+        ids = [*self.prefilling, *(r.request_id for r in self.gts.ordered())]
+        if bm.prefix is not None:
+            return len({b for rid in ids for b in bm.block_table(rid)})
+        return sum(bm.num_blocks_of(rid) for rid in ids)
 
     def _prompt_fits(self, bm, req: Request, held: int) -> bool:
         """PTs live in the reserve (the paper's "small amount of KVC reserved for adding PTs"),
@@ -299,14 +304,16 @@ class EconoServePolicy(Policy):
         admitted without room for its GT holds prompt KV that queued GTs need to start, and
         such prompts pile up until decoding stalls."""
         free = bm.num_free_blocks
-        if held + bm.blocks_for(req.num_tokens) <= min(self.reserved_blocks, held + free):
+        # Blocks of its cached prefix that other requests hold already cost nothing new.
+        need = bm.blocks_for(req.num_tokens) - bm.num_held_of(bm.match_prefix(req.token_ids))
+        if held + need <= min(self.reserved_blocks, held + free):
             return True
         target = bm.blocks_for(self.model.target_tokens(req))
         return not self.gts and target <= free - self.reserved_blocks
 
     def _pick_prompt(self, bm, tokens: int, held: int, first: bool) -> Request | None:
         head = self.pts.head()
-        if head.num_tokens <= tokens:
+        if head.num_tokens - head.num_cached_tokens <= tokens:
             return head if self._prompt_fits(bm, head, held) else None
         fit = self.pts.largest_fitting(tokens)        # binary search: fill the budget
         if fit is not None:
