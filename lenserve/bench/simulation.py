@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gc
 import time
-from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -16,6 +15,7 @@ from tqdm import tqdm
 from lenserve.bench.backends.base import BackendOptions, failed_record
 from lenserve.bench.metrics import RequestRecord
 from lenserve.bench.runner import BackendRun, counter_deltas
+from lenserve.workloads.followups import Arrivals
 from lenserve.workloads.types import BenchRequest, Workload
 from lenserve_contract.outputs import RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
@@ -84,18 +84,21 @@ class _Replay:
         self.spec, self.clock = spec, VirtualClock()
         self.engine = build_engine(spec, self.clock)
         self.limit = max_model_len(spec)
-        self.pending = deque(workload.requests)
+        self.pending = Arrivals(workload.requests)
         self.inflight: dict[str, tuple[BenchRequest, float]] = {}
         self.done: list[RequestRecord] = []
 
     def submit_due(self) -> None:
-        while self.pending and self.pending[0].arrival_offset <= self.clock.now:
-            request = self.pending.popleft()
-            self.submit(request, request.arrival_offset)
+        for request, due in self.pending.pop_due(self.clock.now):
+            self.submit(request, due)
+
+    def _finish(self, record: RequestRecord) -> None:
+        self.done.append(record)
+        self.pending.finished(record.request_id, self.clock.now)
 
     def submit(self, request: BenchRequest, arrival: float) -> None:
         if request.prompt_len + request.output_len > self.limit:
-            self.done.append(failed_record(request, arrival, (
+            self._finish(failed_record(request, arrival, (
                 f"needs {request.prompt_len + request.output_len} tokens of context; the "
                 f"simulated engine holds {self.limit} (model limit or KV pool)")))
             return
@@ -107,7 +110,7 @@ class _Replay:
                 prompt_token_ids=list(request.prompt_token_ids), sampling_params=params,
                 arrival_time=arrival, delta=True, true_output_len=request.output_len)
         except ValueError as exc:    # refused by the real validation, as the engine would
-            self.done.append(failed_record(request, arrival, str(exc)))
+            self._finish(failed_record(request, arrival, str(exc)))
             return
         self.inflight[request.request_id] = (request, arrival)
 
@@ -115,7 +118,7 @@ class _Replay:
         engine, clock = self.engine, self.clock
         while self.pending or engine.has_unfinished_requests():
             if not engine.has_unfinished_requests():
-                clock.advance_to(self.pending[0].arrival_offset)
+                clock.advance_to(self.pending.next_time())
             self.submit_due()
             before, finished = clock.now, len(self.done)
             self._step()
@@ -127,20 +130,20 @@ class _Replay:
         self._settle_predictor()
         for out in self.engine.step():
             if out.finished:
-                self.done.append(self._record(out))
+                self._finish(self._record(out))
 
     def _stalled(self) -> None:
         """The engine ran nothing: wait for the next arrival, or, with none left, fail what
         it holds rather than spin (a policy that can never admit them)."""
-        if self.pending:
-            self.clock.advance_to(self.pending[0].arrival_offset)
+        if self.pending.next_time() is not None:
+            self.clock.advance_to(self.pending.next_time())
             return
         for rid in list(self.inflight):
             out = self.engine.abort_request(rid)
             request, arrival = self.inflight.pop(rid)
             why = "the simulated engine made no progress (the request can never be scheduled)"
-            self.done.append(failed_record(request, arrival, why if out is None else
-                                           out.error or why))
+            self._finish(failed_record(request, arrival, why if out is None else
+                                       out.error or why))
 
     def _settle_predictor(self) -> None:
         # Predictions land before the next iteration, so a run does not depend on the

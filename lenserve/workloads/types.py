@@ -34,6 +34,10 @@ class BenchRequest:
     output_len: int
     arrival_offset: float = 0.0
     prompt: str | None = None
+    # A follow-up turn: due ``think_s`` after the request ``after`` finished (its
+    # ``arrival_offset`` is then only a lower bound, which keeps the workload ordered).
+    after: str | None = None
+    think_s: float = 0.0
 
     @property
     def prompt_len(self) -> int:
