@@ -109,6 +109,10 @@ def add_workload_arguments(p: argparse.ArgumentParser,
     p.add_argument("--sweep-rates", help="comma-separated request rates; also draws a PNG")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-len", type=int, help="force every output to this many tokens")
+    p.add_argument("--trace-block-tokens", type=int, default=512, metavar="N",
+                   help="mooncake: tokens each of the trace's 512-token hash blocks becomes "
+                        "(fewer scale every prompt down alike, keeping which prefixes are "
+                        "shared; for models whose context is shorter than the trace's prompts)")
     p.add_argument("--system-prompt-len", type=int, default=0, metavar="TOKENS",
                    help="put the same TOKENS-token system prompt in front of every prompt "
                         "(prefix caching serves it after the first request); 0: none")
@@ -169,7 +173,7 @@ def sample_config(args: argparse.Namespace) -> SampleConfig:
     return SampleConfig(num_prompts=args.num_prompts, seed=args.seed,
                         max_prompt_len=args.max_prompt_len, max_total_len=args.max_model_len,
                         fixed_output_len=args.output_len, contiguous=args.trace_timestamps,
-                        repeat=args.repeat_dataset)
+                        repeat=args.repeat_dataset, trace_block_tokens=args.trace_block_tokens)
 
 
 def build_workloads(args: argparse.Namespace, samples: list[Sample], cfg: SampleConfig,

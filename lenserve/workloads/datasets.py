@@ -121,9 +121,11 @@ def _mooncake_samples(records: Iterable[Any]) -> list[Sample]:
     samples = []
     for record in records:
         try:
+            hashes = record.get("hash_ids")
             samples.append(Sample(prompt_len=int(record["input_length"]),
                                   output_len=int(record["output_length"]),
-                                  timestamp=float(record["timestamp"]) / 1000.0))
+                                  timestamp=float(record["timestamp"]) / 1000.0,
+                                  hash_ids=tuple(map(int, hashes)) if hashes else None))
         except (KeyError, TypeError, ValueError):
             continue
     return samples
