@@ -62,6 +62,8 @@ def test_every_policy_gives_the_same_tokens_with_caching_on_and_off(policy, seed
     stats = engine.stats()
     assert stats.prefix_cache_hits > 0
     assert engine_off.stats().prefix_cache_hits == 0
+    if policy == "vllm":
+        assert stats.num_preemptions > 0        # the scenario does preempt
 
 
 @pytest.mark.parametrize("policy", ["alise", "fastserve", "fluidinfer", "alise-fluid"])
@@ -142,9 +144,10 @@ def test_an_abort_mid_prefill_leaves_no_reference_and_its_sharer_finishes():
     reference = run_to_completion(engine)["first"].outputs[0].token_ids
     engine.add_request("a", prompt_token_ids=shared + list(range(90, 110)), sampling_params=params)
     engine.add_request("b", prompt_token_ids=shared + [70], sampling_params=params)
-    engine.step()                                # a claims the shared blocks and prefills
+    engine.step()                  # a claims the 6 cached blocks and prefills 8 more tokens
     bm = engine.scheduler.block_manager
-    assert bm.block_table("a")[:6] == bm.block_table("b")[:6] or not bm.block_table("b")
+    a = engine.scheduler.state.requests["a"]
+    assert a.num_computed_tokens == 24 + 8 < a.num_prompt_tokens
     engine.abort_request("a")                    # mid-prefill
     engine.scheduler.check_integrity()
     out = run_to_completion(engine)
