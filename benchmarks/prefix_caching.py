@@ -31,7 +31,7 @@ MOONCAKE = runs.SHAREGPT.parent / "mooncake_conversation_trace.jsonl.gz"
 CONVERSATIONS = runs.SHAREGPT.parent / "sharegpt_v3_conversations_first17671.jsonl.gz"
 # Real engine: turns of up to 512 prompt tokens, outputs forced short (the CPU decodes slowly;
 # the cache acts on prefill), a pool that holds a few conversations.
-CPU = {"model": "opt-125m", "num_prompts": 16, "rate": 1.0, "think": 1.0, "output_len": 24, "max_prompt_len": 512,
+CPU = {"model": "opt-125m", "num_prompts": 8, "rate": 1.0, "think": 1.0, "output_len": 24, "max_prompt_len": 512,
        "max_model_len": 640, "num_gpu_blocks": 96, "runs": 2}
 CPU_QUICK = {**CPU, "num_prompts": 4, "runs": 1}
 # Simulator: the first requests of the trace, each 512-token hash block scaled to 64 tokens so
@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     p, q = (CPU_QUICK, SIM_QUICK) if args.quick else (CPU, SIM)
     p = {**p, "model": args.model}
     start, t0 = stamp.take(), time.perf_counter()
-    cpu, cpu_commands = run_cpu(p, args.dataset_path, out.raw)
     sim, sim_commands = run_sim(q, trace, out.raw)
+    cpu, cpu_commands = run_cpu(p, args.dataset_path, out.raw)
     ideal = ideal_hit_rate(q, trace)
     run_stamp = stamp.finish(start, time.perf_counter() - t0)
     plot(out.file(NAME, "png"), sim)
