@@ -148,18 +148,13 @@ def sustained(found: list[dict], policy: str, mode: str, slo_ms: float) -> str:
 
 def summary_text(cpu: list[dict], sim: list[dict], ideal: float, p: dict, q: dict,
                  run_stamp: dict) -> str:
-    lo, hi = cpu_ratio(cpu)
     base = [r for r in sim if r["policy"] == "vllm" and r["scale"] == max(q["scales"])]
     hit = next((r["summary"].get("prefix_cache_hit_rate", 0) for r in base
                 if r["mode"] == "device"), 0.0)
     slo = q["ttft_slo_ms"]
     shared = ("The CPU was shared with other work during the run (see the stamp): its "
               "timings are noisy. " if stamp.cpu_was_shared(run_stamp) else "")
-    return (f"Real engine ({p['model']}): {p['num_prompts']} turns of multi-turn ShareGPT, conversations at "
-            f"{p['rate']:g}/s, think time {p['think']:g} s, outputs forced to "
-            f"{p['output_len']} tokens; mean TTFT with caching over without was {lo:.2f}-"
-            f"{hi:.2f} (min-max of {p['runs']} runs, each pair back to back). {shared}"
-            f"Simulator (estimates): the first {q['num_prompts']} requests of the Mooncake "
+    return (f"{_cpu_text(cpu, p, shared)}Simulator (estimates): the first {q['num_prompts']} requests of the Mooncake "
             f"conversation trace at A100/Llama-2-7B, hash blocks scaled to "
             f"{q['block_tokens']} tokens: `vllm` served {hit:.1%} of prompt tokens from cache "
             f"against the trace's ideal {ideal:.1%} (an unbounded cache; the hit rate counts "
@@ -171,11 +166,23 @@ def summary_text(cpu: list[dict], sim: list[dict], ideal: float, p: dict, q: dic
             f"column.")
 
 
+def _cpu_text(cpu: list[dict], p: dict, shared: str) -> str:
+    if not cpu:
+        return ("The real-engine part was not run this time (`--parts sim`), so the page has "
+                "no measured timings. ")
+    lo, hi = cpu_ratio(cpu)
+    return (f"Real engine ({p['model']}): {p['num_prompts']} turns of multi-turn ShareGPT, "
+            f"conversations at {p['rate']:g}/s, think time {p['think']:g} s, outputs forced to "
+            f"{p['output_len']} tokens; mean TTFT with caching over without was {lo:.2f}-"
+            f"{hi:.2f} (min-max of {p['runs']} runs, each pair back to back). {shared}")
+
+
 def section(cpu, sim, ideal, p, q, run_stamp) -> output.Section:
     return output.Section(
         title="Prefix caching (real engine on this CPU; simulated A100 on the Mooncake trace)",
         text=summary_text(cpu, sim, ideal, p, q, run_stamp),
-        tables=[("Real engine, multi-turn ShareGPT (opt-125m, this CPU)", cpu_table(cpu)),
+        tables=[*([("Real engine, multi-turn ShareGPT (opt-125m, this CPU)", cpu_table(cpu))]
+                  if cpu else []),
                 ("Simulated A100/Llama-2-7B, Mooncake conversation trace (estimates)",
                  sim_table(sim))],
         figure_alt="mean TTFT against served rate, caching off and on, vllm and alise")
@@ -210,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
                        "part (default: the sample bundled with lenserve)")
     ap.add_argument("--trace", type=Path, default=MOONCAKE,
                     help="Mooncake conversation trace (default: %(default)s)")
+    ap.add_argument("--parts", default="sim,cpu",
+                    help="which parts to run: sim (virtual time), cpu (the real engine); "
+                         "default %(default)s")
     ap.add_argument("--model", default="opt-125m",
                     help="model of the real-engine part (fake: the test double, no timing)")
     args = ap.parse_args(argv)
@@ -218,8 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     p, q = (CPU_QUICK, SIM_QUICK) if args.quick else (CPU, SIM)
     p = {**p, "model": args.model}
     start, t0 = stamp.take(), time.perf_counter()
-    sim, sim_commands = run_sim(q, trace, out.raw)
-    cpu, cpu_commands = run_cpu(p, args.dataset_path, out.raw)
+    parts = {part for part in args.parts.split(",") if part}
+    if "sim" not in parts or parts - {"sim", "cpu"}:
+        raise SystemExit(f"--parts takes sim, or sim,cpu; got {args.parts!r}")
+    sim, sim_commands = run_sim(q, trace, out.raw) if "sim" in parts else ([], [])
+    cpu, cpu_commands = run_cpu(p, args.dataset_path, out.raw) if "cpu" in parts else ([], [])
     ideal = ideal_hit_rate(q, trace)
     run_stamp = stamp.finish(start, time.perf_counter() - t0)
     plot(out.file(NAME, "png"), sim)
