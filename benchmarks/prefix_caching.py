@@ -179,7 +179,8 @@ def _cpu_text(cpu: list[dict], p: dict, shared: str) -> str:
 
 def section(cpu, sim, ideal, p, q, run_stamp) -> output.Section:
     return output.Section(
-        title="Prefix caching (real engine on this CPU; simulated A100 on the Mooncake trace)",
+        title="Prefix caching (simulated A100 on the Mooncake trace"
+              + ("; real engine on this CPU)" if cpu else ")"),
         text=summary_text(cpu, sim, ideal, p, q, run_stamp),
         tables=[*([("Real engine, multi-turn ShareGPT (opt-125m, this CPU)", cpu_table(cpu))]
                   if cpu else []),
