@@ -26,6 +26,10 @@ STAT_GAUGES = {
     "num_iterations": ("lenserve_num_iterations", "scheduler iterations so far"),
     "num_kafka_buffered": ("lenserve_kafka_completions_buffered",
                            "completion records waiting for Kafka"),
+    "num_cached_blocks": ("lenserve_prefix_cache_blocks",
+                          "device KV blocks whose KV the prefix cache indexes"),
+    "prefix_cache_hit_rate": ("lenserve_prefix_cache_hit_rate",
+                              "prompt tokens served from the prefix cache / looked up, so far"),
 }
 # SchedulerStats running totals -> (counter name, exposed with _total; help)
 STAT_COUNTERS = {
@@ -40,6 +44,10 @@ STAT_COUNTERS = {
                             "completion records Kafka acknowledged"),
     "num_kafka_dropped": ("lenserve_kafka_completions_dropped",
                           "completion records dropped because the Kafka buffer was full"),
+    "prefix_cache_queries": ("lenserve_prefix_cache_queries",
+                             "prompt tokens looked up in the prefix cache at admissions"),
+    "prefix_cache_hits": ("lenserve_prefix_cache_hits",
+                          "prompt tokens served from the prefix cache (prefill skipped)"),
 }
 
 

@@ -22,6 +22,7 @@ class RequestMetrics:
     token_times: list[float] = field(default_factory=list)
     predicted_output_len: int | None = None   # set when a length prediction arrived
     prediction_source: str | None = None
+    num_cached_tokens: int = 0                # prompt tokens served from the prefix cache
 
 
 @dataclass

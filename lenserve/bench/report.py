@@ -36,6 +36,8 @@ _ROWS: list[tuple[str, tuple[str, ...], str]] = [
     ("KV holding tokens (%)", ("kv_used_util",), "{:.1%}"),
     ("Scheduler time per iteration (ms, wall)", ("schedule_ms_per_iteration",), "{:.3f}"),
     ("Scheduler share of JCT (%)", ("schedule_share",), "{:.2%}"),
+    ("Prefix cache hit rate (%)", ("prefix_cache_hit_rate",), "{:.1%}"),
+    ("Cached prompt tokens", ("prefix_cache_hits",), "{:.0f}"),
 ]
 
 

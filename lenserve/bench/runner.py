@@ -10,14 +10,14 @@ import copy
 import dataclasses
 import math
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from tqdm import tqdm
 
 from lenserve.bench.backends.base import Backend
 from lenserve.bench.metrics import RequestRecord
-from lenserve.workloads.types import BenchRequest, Workload
+from lenserve.workloads.followups import Arrivals
+from lenserve.workloads.types import Workload
 
 
 @dataclass(frozen=True)
@@ -45,32 +45,44 @@ class BackendRun:
 def replay(backend: Backend, workload: Workload, config: RunnerConfig = RunnerConfig(),
            request_rate: float = math.inf) -> BackendRun:
     """Run ``workload`` on a started backend; records come back in workload order."""
-    pending = deque(workload.requests)
+    pending = Arrivals(workload.requests)
     done: list[RequestRecord] = []
     label = f"{backend.name} @ {request_rate:g} req/s"
+    backend.clear_cache()
+    counted = backend.counters()
     before = copy.copy(backend.profile())
-    with tqdm(total=len(pending), desc=label, unit="req", disable=not config.show_progress) as bar:
+    with tqdm(total=len(workload.requests), desc=label, unit="req", disable=not config.show_progress) as bar:
         start = time.monotonic()
         while pending or backend.has_pending():
-            _submit_due(backend, pending, start)
-            wait = start + pending[0].arrival_offset - time.monotonic() if pending else config.idle_poll_s
+            for request, due in pending.pop_due(time.monotonic() - start):
+                backend.submit(request, start + due)
+            due = pending.next_time()
+            if due is None and not backend.has_pending():
+                raise ValueError("follow-up turns wait for requests the workload does not hold")
+            wait = start + due - time.monotonic() if due is not None else config.idle_poll_s
             finished = backend.poll(max(0.0, min(wait, config.idle_poll_s)))
             done.extend(finished)
+            for record in finished:    # a conversation's next turn follows its reply
+                pending.finished(record.request_id, time.monotonic() - start)
             bar.update(len(finished))
         duration = time.monotonic() - start
     order = {r.request_id: i for i, r in enumerate(workload.requests)}
     records = sorted((r.shifted(start) for r in done), key=lambda r: order.get(r.request_id, 0))
     after = backend.profile()
     profile = after.since(before) if after is not None and before is not None else None
-    return BackendRun(backend.name, request_rate, duration, records, profile,
+    stats = counter_deltas(counted, backend.counters())
+    return BackendRun(backend.name, request_rate, duration, records, profile, stats,
                       setup=backend.describe() or None)
 
 
-def _submit_due(backend: Backend, pending: deque[BenchRequest], start: float) -> None:
-    now = time.monotonic()
-    while pending and start + pending[0].arrival_offset <= now:
-        request = pending.popleft()
-        backend.submit(request, start + request.arrival_offset)
+def counter_deltas(before: dict | None, after: dict | None) -> dict | None:
+    """The counters' growth over a run, with the prefix cache's hit rate when it was asked."""
+    if before is None or after is None:
+        return None
+    out = {k: after[k] - before.get(k, 0) for k in after}
+    if out.get("prefix_cache_queries"):
+        out["prefix_cache_hit_rate"] = out["prefix_cache_hits"] / out["prefix_cache_queries"]
+    return out
 
 
 def warm_up(backend: Backend, workload: Workload, config: RunnerConfig = RunnerConfig()) -> None:
@@ -80,7 +92,7 @@ def warm_up(backend: Backend, workload: Workload, config: RunnerConfig = RunnerC
     head = workload.requests[:config.warmup_requests]
     if not head:
         return
-    short = tuple(dataclasses.replace(r, request_id=f"warmup-{i}", arrival_offset=0.0,
+    short = tuple(dataclasses.replace(r, request_id=f"warmup-{i}", arrival_offset=0.0, after=None,
                                       output_len=min(r.output_len, config.warmup_output_len))
                   for i, r in enumerate(head))
     if backend.learns_from_requests:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gc
 import time
-from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -15,7 +14,8 @@ from tqdm import tqdm
 
 from lenserve.bench.backends.base import BackendOptions, failed_record
 from lenserve.bench.metrics import RequestRecord
-from lenserve.bench.runner import BackendRun
+from lenserve.bench.runner import BackendRun, counter_deltas
+from lenserve.workloads.followups import Arrivals
 from lenserve.workloads.types import BenchRequest, Workload
 from lenserve_contract.outputs import RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
@@ -48,7 +48,7 @@ def build_engine(spec: SimSpec, clock: VirtualClock) -> EngineCore:
         block_size=t.block_size, num_gpu_blocks=blocks,
         max_num_batched_tokens=o.max_num_batched_tokens, max_num_seqs=o.max_num_seqs,
         max_model_len=max_model_len(spec), predictor=predictor,
-        predictor_seed=o.predictor_seed)
+        predictor_seed=o.predictor_seed, enable_prefix_caching=o.enable_prefix_caching)
     return EngineCore(**engine_parts(config, executor, kv_manager=host_tier(spec, executor, clock)),
                       tokenizer=None, clock=clock, finished_outputs_only=True)
 
@@ -84,20 +84,23 @@ class _Replay:
         self.spec, self.clock = spec, VirtualClock()
         self.engine = build_engine(spec, self.clock)
         self.limit = max_model_len(spec)
-        self.pending = deque(workload.requests)
+        self.pending = Arrivals(workload.requests)
         self.inflight: dict[str, tuple[BenchRequest, float]] = {}
         self.done: list[RequestRecord] = []
         # Time-weighted KV occupancy: blocks allocated, and tokens actually stored in them.
         self.kv_weight_s = self.kv_allocated_s = self.kv_used_s = 0.0
 
     def submit_due(self) -> None:
-        while self.pending and self.pending[0].arrival_offset <= self.clock.now:
-            request = self.pending.popleft()
-            self.submit(request, request.arrival_offset)
+        for request, due in self.pending.pop_due(self.clock.now):
+            self.submit(request, due)
+
+    def _finish(self, record: RequestRecord) -> None:
+        self.done.append(record)
+        self.pending.finished(record.request_id, self.clock.now)
 
     def submit(self, request: BenchRequest, arrival: float) -> None:
         if request.prompt_len + request.output_len > self.limit:
-            self.done.append(failed_record(request, arrival, (
+            self._finish(failed_record(request, arrival, (
                 f"needs {request.prompt_len + request.output_len} tokens of context; the "
                 f"simulated engine holds {self.limit} (model limit or KV pool)")))
             return
@@ -109,7 +112,7 @@ class _Replay:
                 prompt_token_ids=list(request.prompt_token_ids), sampling_params=params,
                 arrival_time=arrival, delta=True, true_output_len=request.output_len)
         except ValueError as exc:    # refused by the real validation, as the engine would
-            self.done.append(failed_record(request, arrival, str(exc)))
+            self._finish(failed_record(request, arrival, str(exc)))
             return
         self.inflight[request.request_id] = (request, arrival)
 
@@ -117,7 +120,7 @@ class _Replay:
         engine, clock = self.engine, self.clock
         while self.pending or engine.has_unfinished_requests():
             if not engine.has_unfinished_requests():
-                clock.advance_to(self.pending[0].arrival_offset)
+                clock.advance_to(self.pending.next_time())
             self.submit_due()
             before, finished = clock.now, len(self.done)
             self._step()
@@ -130,7 +133,7 @@ class _Replay:
         before = self.clock.now
         for out in self.engine.step():
             if out.finished:
-                self.done.append(self._record(out))
+                self._finish(self._record(out))
         self._sample_kv(self.clock.now - before)
 
     def _sample_kv(self, seconds: float) -> None:
@@ -153,8 +156,11 @@ class _Replay:
         busy = self.engine.executor.busy_s
         steps = max(profile.steps, 1)
         weight = max(self.kv_weight_s, 1e-12)
-        return {"num_preemptions": stats.num_preemptions,
-                "num_iterations": stats.num_iterations,
+        counters = counter_deltas({}, {"num_preemptions": stats.num_preemptions,
+                                       "num_iterations": stats.num_iterations,
+                                       "prefix_cache_queries": stats.prefix_cache_queries,
+                                       "prefix_cache_hits": stats.prefix_cache_hits})
+        return {**counters,
                 "kv_allocated_util": self.kv_allocated_s / weight,
                 "kv_used_util": self.kv_used_s / weight,
                 "schedule_ms_per_iteration": profile.schedule_s / steps * 1e3,
@@ -163,15 +169,15 @@ class _Replay:
     def _stalled(self) -> None:
         """The engine ran nothing: wait for the next arrival, or, with none left, fail what
         it holds rather than spin (a policy that can never admit them)."""
-        if self.pending:
-            self.clock.advance_to(self.pending[0].arrival_offset)
+        if self.pending.next_time() is not None:
+            self.clock.advance_to(self.pending.next_time())
             return
         for rid in list(self.inflight):
             out = self.engine.abort_request(rid)
             request, arrival = self.inflight.pop(rid)
             why = "the simulated engine made no progress (the request can never be scheduled)"
-            self.done.append(failed_record(request, arrival, why if out is None else
-                                           out.error or why))
+            self._finish(failed_record(request, arrival, why if out is None else
+                                       out.error or why))
 
     def _settle_predictor(self) -> None:
         # Predictions land before the next iteration, so a run does not depend on the

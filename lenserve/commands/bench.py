@@ -48,6 +48,14 @@ from lenserve.workloads import (
     sample_requests,
 )
 from lenserve.workloads.arrivals import check_rate
+from lenserve.workloads.datasets import load_conversations
+from lenserve.workloads.multiturn import (
+    MultiTurnConfig,
+    multiturn_requests,
+    shared_prefix,
+    system_prompt_ids,
+    timed,
+)
 from lenserve.workloads.token_cache import LazyTokenizer, TokenCache, default_cache_dir
 from services.hardware import DTYPE_AUTO_HELP
 
@@ -101,6 +109,16 @@ def add_workload_arguments(p: argparse.ArgumentParser,
     p.add_argument("--sweep-rates", help="comma-separated request rates; also draws a PNG")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-len", type=int, help="force every output to this many tokens")
+    p.add_argument("--trace-block-tokens", type=int, default=512, metavar="N",
+                   help="mooncake: tokens each of the trace's 512-token hash blocks becomes "
+                        "(fewer scale every prompt down alike, keeping which prefixes are "
+                        "shared; for models whose context is shorter than the trace's prompts)")
+    p.add_argument("--system-prompt-len", type=int, default=0, metavar="TOKENS",
+                   help="put the same TOKENS-token system prompt in front of every prompt "
+                        "(prefix caching serves it after the first request); 0: none")
+    p.add_argument("--think-time", type=float, default=5.0, metavar="S",
+                   help="sharegpt-multiturn: mean pause (exponential) between a reply and "
+                        "the conversation's next turn")
     p.add_argument("--max-prompt-len", type=int, default=1024)
     p.add_argument("--max-model-len", type=int, default=defaults.max_model_len,
                    help="prompt + output limit; longer requests are left out of the workload "
@@ -155,15 +173,29 @@ def sample_config(args: argparse.Namespace) -> SampleConfig:
     return SampleConfig(num_prompts=args.num_prompts, seed=args.seed,
                         max_prompt_len=args.max_prompt_len, max_total_len=args.max_model_len,
                         fixed_output_len=args.output_len, contiguous=args.trace_timestamps,
-                        repeat=args.repeat_dataset)
+                        repeat=args.repeat_dataset, trace_block_tokens=args.trace_block_tokens)
 
 
 def build_workloads(args: argparse.Namespace, samples: list[Sample], cfg: SampleConfig,
                     rates: list[float], tokenizer) -> list[Workload]:
-    """The same sampled requests, timed once per request rate."""
+    """The same sampled requests, timed once per request rate (multi-turn: conversations
+    started at the rate), each behind the shared system prompt if one is asked for."""
+    system = system_prompt_ids(tokenizer, args.system_prompt_len, args.seed)
+    if args.dataset_name == "sharegpt-multiturn":
+        groups = multiturn_requests(load_conversations(args.dataset_path), tokenizer, MultiTurnConfig(
+            cfg.num_prompts, cfg.seed, cfg.max_prompt_len - len(system),
+            cfg.max_total_len - len(system), args.think_time), system)
+        return [timed(args.dataset_name, groups, rate, args.burstiness, args.seed)
+                for rate in rates]
     directory = None if getattr(args, "no_token_cache", False) else default_cache_dir()
+    if system:
+        cfg = dataclasses.replace(cfg, max_prompt_len=cfg.max_prompt_len - len(system),
+                                  max_total_len=cfg.max_total_len - len(system))
     chosen = sample_requests(samples, cfg, tokenizer,
                              cache=TokenCache.for_tokenizer(tokenizer, directory))
+    if system:
+        chosen = [(r, s) for r, s in zip(shared_prefix((r for r, _ in chosen), system),
+                                        (s for _, s in chosen))]
     return [build_workload(args.dataset_name, chosen, ArrivalConfig(
         rate, args.burstiness, args.seed, args.trace_timestamps, args.trace_time_scale))
         for rate in rates]
@@ -206,6 +238,7 @@ def run_bench(args: argparse.Namespace) -> int:
                              num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
                              max_model_len=args.max_model_len,
                              swap_space_gib=args.swap_space, kv_int8=args.kv_int8,
+                             enable_prefix_caching=args.enable_prefix_caching,
                              device=args.device, dtype=args.dtype,
                              enforce_eager=args.enforce_eager)
     per_backend = [with_predictor(spec, options, args.predictor) for spec in specs]

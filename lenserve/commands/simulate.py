@@ -108,7 +108,8 @@ def run_simulate(args: argparse.Namespace) -> int:
                              predictor_seed=args.predictor_seed,
                              policy_config=tuple(args.policy_config or ()),
                              max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                             swap_space_gib=args.swap_space, kv_int8=args.kv_int8)
+                             swap_space_gib=args.swap_space, kv_int8=args.kv_int8,
+                             enable_prefix_caching=args.enable_prefix_caching)
     workloads = build_workloads(args, load_samples(args.dataset_name, args.dataset_path),
                                 sample_config(args), rates, tokenizer)
     # What is loaded so far lives for the whole command: keep the cycle collector off it

@@ -121,9 +121,11 @@ def _mooncake_samples(records: Iterable[Any]) -> list[Sample]:
     samples = []
     for record in records:
         try:
+            hashes = record.get("hash_ids")
             samples.append(Sample(prompt_len=int(record["input_length"]),
                                   output_len=int(record["output_length"]),
-                                  timestamp=float(record["timestamp"]) / 1000.0))
+                                  timestamp=float(record["timestamp"]) / 1000.0,
+                                  hash_ids=tuple(map(int, hashes)) if hashes else None))
         except (KeyError, TypeError, ValueError):
             continue
     return samples
@@ -196,12 +198,22 @@ def bundled_sharegpt_path() -> Path:
 
 _LOADERS: dict[str, Callable[[Path | None], list[Sample]]] = {
     "sharegpt": lambda p: _sharegpt_samples(read_json_records(_sharegpt_path(p))),
+    # Every human turn with the conversation before it (``multiturn``); as samples, the
+    # first exchanges (what a single-turn consumer of the same file would see).
+    "sharegpt-multiturn": lambda p: _sharegpt_samples(read_json_records(_sharegpt_path(p))),
     "alpaca": lambda p: _alpaca_samples(read_json_records(_required("alpaca", p))),
     "mooncake": lambda p: _mooncake_samples(read_json_records(_required("mooncake", p))),
     "azure": lambda p: _csv_samples(_required("azure", p), need_time=True),
     "lengths": lambda p: _csv_samples(p or default_trace_path(), need_time=False),
 }
 DATASET_NAMES = tuple(_LOADERS)
+
+
+def load_conversations(path: str | Path | None = None) -> list[list[tuple[str, str]]]:
+    """ShareGPT conversations as (human turn, reply) exchanges (the bundled sample without
+    a path)."""
+    from lenserve.workloads.multiturn import conversations
+    return conversations(read_json_records(_sharegpt_path(Path(path) if path else None)))
 
 
 def load_samples(name: str, path: str | Path | None = None) -> list[Sample]:

@@ -18,7 +18,7 @@ import numpy as np
 
 from lenserve.workloads.arrivals import synthetic_offsets, trace_offsets
 from lenserve.workloads.token_cache import TokenCache
-from lenserve.workloads.types import BenchRequest, Sample, Workload
+from lenserve.workloads.types import TRACE_BLOCK_TOKENS, BenchRequest, Sample, Workload
 
 _BATCH = 256      # texts per tokenizer call
 
@@ -38,12 +38,18 @@ class SampleConfig:
     # More requests than the dataset holds: cycle through the ones that fit, in their order
     # (large simulated runs).
     repeat: bool = False
+    # Tokens each of a trace's hash blocks (Mooncake: 512) becomes; fewer scale every prompt
+    # down by the same factor, keeping the trace's prefix structure.
+    trace_block_tokens: int = TRACE_BLOCK_TOKENS
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1:
             raise ValueError(f"--num-prompts must be >= 1, got {self.num_prompts}")
         if self.fixed_output_len is not None and self.fixed_output_len < 1:
             raise ValueError(f"output length must be >= 1, got {self.fixed_output_len}")
+        if not 1 <= self.trace_block_tokens <= TRACE_BLOCK_TOKENS:
+            raise ValueError(f"--trace-block-tokens must be in 1..{TRACE_BLOCK_TOKENS}, got "
+                             f"{self.trace_block_tokens}")
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,24 @@ class _Synthesiser:
     def ids(self, index: int, length: int) -> tuple[int, ...]:
         rng = np.random.default_rng([self.seed, index])
         return tuple(int(t) for t in rng.choice(self.pool, size=length))
+
+    def from_hashes(self, hash_ids: Sequence[int], length: int, block: int) -> tuple[int, ...]:
+        """``length`` ids made of one fixed random block per hash id: equal ids, equal tokens,
+        so prompts share exactly the prefixes the trace says they share."""
+        blocks = self.__dict__.setdefault("_blocks", {})
+        out: list[int] = []
+        for h in hash_ids:
+            ids = blocks.get(h)
+            if ids is None:
+                rng = np.random.default_rng([self.seed, _HASH_STREAM, h])
+                ids = blocks[h] = tuple(rng.choice(self.pool, size=block).tolist())
+            out.extend(ids)
+            if len(out) >= length:
+                break
+        return tuple(out[:length])
+
+
+_HASH_STREAM = 1 << 41       # random streams of hash blocks, apart from per-row ones
 
 
 def _vocab_size(tokenizer: Any) -> int | None:
@@ -193,12 +217,13 @@ def _sample(samples: Sequence[Sample], cfg: SampleConfig, tokenizer: Any,
         for index, (ids, output_len) in zip(batch, _lengths([samples[i] for i in batch],
                                                             tokenizer, cfg, cache)):
             sample = samples[index]
-            prompt_len = len(ids) if ids is not None else (sample.prompt_len or 0)
+            prompt_len = len(ids) if ids is not None else _trace_prompt_len(sample, cfg)
             if not _fits(prompt_len, output_len, cfg):
                 continue
             if ids is None:
                 synth = synth or _Synthesiser(tokenizer, vocab_size, cfg.seed)
-                ids = synth.ids(index, prompt_len)
+                ids = (synth.from_hashes(sample.hash_ids, prompt_len, cfg.trace_block_tokens)
+                       if sample.hash_ids else synth.ids(index, prompt_len))
             request = BenchRequest(f"req-{len(chosen)}", ids, output_len, prompt=sample.prompt)
             chosen.append((request, sample))
             if len(chosen) == cfg.num_prompts:
@@ -208,6 +233,15 @@ def _sample(samples: Sequence[Sample], cfg: SampleConfig, tokenizer: Any,
     raise ValueError(f"only {len(chosen)} of {len(samples)} records fit the length limits "
                      f"(prompt {cfg.min_len}..{cfg.max_prompt_len}, total <= {cfg.max_total_len}); "
                      f"asked for {cfg.num_prompts}")
+
+
+def _trace_prompt_len(sample: Sample, cfg: SampleConfig) -> int:
+    """A length-trace row's prompt length, scaled with its hash blocks."""
+    n = sample.prompt_len or 0
+    if not sample.hash_ids or cfg.trace_block_tokens == TRACE_BLOCK_TOKENS:
+        return n
+    return min(len(sample.hash_ids) * cfg.trace_block_tokens,
+               -(-n * cfg.trace_block_tokens // TRACE_BLOCK_TOKENS))
 
 
 def _cycled(chosen: list[tuple[BenchRequest, Sample]], n: int) -> list[tuple[BenchRequest, Sample]]:

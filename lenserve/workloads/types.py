@@ -11,6 +11,8 @@ class Sample:
     Text datasets fill ``prompt`` and ``reference`` (the reference reply, whose token count
     becomes the output length); length traces fill ``prompt_len`` and ``output_len`` instead.
     ``timestamp`` is the trace's own arrival time in seconds, when it has one.
+    ``hash_ids`` (Mooncake): the prompt's blocks of ``TRACE_BLOCK_TOKENS`` tokens, equal ids
+    where requests share a prefix; prompts are synthesised block by block from them.
     """
 
     prompt: str | None = None
@@ -18,6 +20,10 @@ class Sample:
     prompt_len: int | None = None
     output_len: int | None = None
     timestamp: float | None = None
+    hash_ids: tuple[int, ...] | None = None
+
+
+TRACE_BLOCK_TOKENS = 512     # Mooncake's hash block
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,10 @@ class BenchRequest:
     output_len: int
     arrival_offset: float = 0.0
     prompt: str | None = None
+    # A follow-up turn: due ``think_s`` after the request ``after`` finished (its
+    # ``arrival_offset`` is then only a lower bound, which keeps the workload ordered).
+    after: str | None = None
+    think_s: float = 0.0
 
     @property
     def prompt_len(self) -> int:

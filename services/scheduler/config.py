@@ -15,6 +15,11 @@ class SchedulerConfig:
     policy: str = "vllm"
     # ``key=value`` options of the policy (``--policy-config``), checked against its config.
     policy_config: tuple[str, ...] = ()
+    # Share full KV blocks of identical prefixes between requests and keep freed ones cached.
+    enable_prefix_caching: bool = True
+    # What besides the tokens determines a block's KV (model, dtype, adapter): the root of
+    # every cached prefix, so two configurations never share KV.
+    cache_namespace: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         positive = ("num_gpu_blocks", "block_size", "max_model_len", "max_num_batched_tokens",

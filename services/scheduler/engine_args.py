@@ -30,6 +30,9 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, policy: bool = False) ->
     p.add_argument("--swap-space", type=float, default=0.0, metavar="GIB",
                    help="host KV tier for swapped requests (0: none; policies recompute)")
     p.add_argument("--kv-int8", action="store_true", help="store swapped KV in channel-wise INT8")
+    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   help="recompute every prompt in full instead of sharing the KV of prefixes "
+                        "already computed (automatic prefix caching is on by default)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="run decode iterations eagerly instead of replaying CUDA graphs")
 
@@ -39,4 +42,5 @@ def engine_options(args: argparse.Namespace) -> dict:
     return {"policy_config": tuple(args.policy_config or ()), "predictor": args.predictor,
             "predictor_seed": args.predictor_seed, "num_gpu_blocks": args.num_gpu_blocks,
             "max_num_seqs": args.max_num_seqs, "swap_space_gib": args.swap_space,
-            "kv_int8": args.kv_int8, "enforce_eager": args.enforce_eager}
+            "kv_int8": args.kv_int8, "enforce_eager": args.enforce_eager,
+            "enable_prefix_caching": args.enable_prefix_caching}

@@ -186,6 +186,8 @@ class EngineCore:
             else:
                 logger.exception("iteration %d failed", out.iteration)
             self.scheduler.resend_block_tables()
+            # The KV pool may be gone with the executor: serve nothing from it again.
+            self.scheduler.block_manager.reset_prefix_cache()
             failed += self._finish_swaps()
             return failed + self._fail_batch(out, exc)
         t3 = time.perf_counter()

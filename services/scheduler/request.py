@@ -72,6 +72,8 @@ class Request:
     __slots__ = (
         "_eos_first",
         "eos_token_ids",
+        "cache_hint",
+        "num_cached_tokens",
         "error",
         "finish_reason",
         "metrics",
@@ -105,6 +107,12 @@ class Request:
         # Prompt followed by outputs: recompute after preemption prefills all of it.
         self.token_ids = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        # Cached prefix tokens the policy planned this admission with (SchedulerState.
+        # prefix_start); admission claims at most that many.
+        self.cache_hint = 0
+        # Its tokens the prefix cache held when last looked up (at arrival, on requeue and
+        # at each admission attempt): what length-aware policies rank a queued request by.
+        self.num_cached_tokens = 0
         self.fix_stop_conditions()
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None

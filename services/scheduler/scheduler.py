@@ -39,6 +39,14 @@ class SchedulerStats:
     num_kafka_published: int = 0          # records Kafka acknowledged
     num_kafka_buffered: int = 0           # records waiting for Kafka now
     num_kafka_dropped: int = 0            # oldest records dropped because the buffer was full
+    # Prefix caching: prompt tokens looked up at admissions, and those served from the cache.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_cached_blocks: int = 0            # device blocks whose KV is indexed
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
 
 class Scheduler:
@@ -65,6 +73,7 @@ class Scheduler:
         """Queue a request, or raise InvalidRequestError (nothing else changes)."""
         self._validate(request)
         request.fix_stop_conditions(self.config.max_model_len)
+        self.state.cached_tokens(request)       # what the policy ranks it by
         self.state.add(request)
         self.policy.add_request(request)
 
@@ -172,12 +181,17 @@ class Scheduler:
         self.finished_in_update = finished = []
         # Runs for every scheduled request on every iteration: one pass, everything in locals.
         running, token_of, add = _RUNNING, sampled.get, updated.append
+        bm = self.state.block_manager
+        # Blocks that just filled with computed tokens join the prefix cache.
+        cache, bs = (bm.cache_computed, bm.block_size) if bm.prefix is not None else (None, 1)
         for req, n in output.scheduled:
             if req.status is not running:
                 continue    # aborted while the iteration ran
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
             tokens = req.token_ids
+            if cache is not None and computed // bs != (computed - n) // bs:
+                cache(req.request_id, tokens, computed)
             if computed < len(tokens):
                 continue    # a prefill chunk that does not end the prompt samples nothing
             token = token_of(req.request_id)
@@ -229,7 +243,10 @@ class Scheduler:
             num_finished=state.num_finished, num_preemptions=state.num_preemptions,
             num_swapped=counts[RequestStatus.SWAPPED],
             num_free_host_blocks=state.num_free_host_blocks,
-            num_host_blocks=state.num_host_blocks)
+            num_host_blocks=state.num_host_blocks,
+            prefix_cache_queries=state.prefix_query_tokens,
+            prefix_cache_hits=state.prefix_hit_tokens,
+            num_cached_blocks=len(state.block_manager.prefix or ()))
 
     def check_integrity(self) -> None:
         self.state.check_integrity()

@@ -12,6 +12,7 @@ from services.scheduler.output import Budget, SchedulerOutput
 from services.scheduler.request import FinishReason, Request, RequestStatus
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
+_ADMITTABLE = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 class SchedulerState:
@@ -22,7 +23,13 @@ class SchedulerState:
     def __init__(self, config: SchedulerConfig, num_host_blocks: int = 0,
                  copies_overlap: bool = True):
         self.config = config
-        self.block_manager = BlockManager(config.num_gpu_blocks, config.block_size)
+        self.block_manager = BlockManager(
+            config.num_gpu_blocks, config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            cache_namespace=config.cache_namespace)
+        # Prompt tokens of admissions that looked the prefix cache up, and those it served.
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
         self.requests: dict[str, Request] = {}     # unfinished requests only
         # Insertion-ordered: iteration is admission order, popitem() the latest admitted.
         self.running: dict[str, Request] = {}
@@ -55,12 +62,33 @@ class SchedulerState:
         self.requests[request.request_id] = request
         self.counts[request.status] += 1
 
+    def cached_tokens(self, request: Request) -> int:
+        """Look up, and note on the request, how many of its tokens the prefix cache holds
+        now (a policy ranks a queued request by its uncached work)."""
+        bm = self.block_manager
+        if bm.prefix is None:
+            return 0
+        request.num_cached_tokens = n = len(bm.match_prefix(request.token_ids)) * bm.block_size
+        return n
+
+    def prefix_start(self, request: Request) -> int:
+        """Where the request's next chunk starts if it is admitted now: its computed tokens,
+        or for a waiting or preempted request the end of its cached prefix. A policy plans
+        the admission's chunk from here (``admit`` then claims that prefix)."""
+        computed = request.num_computed_tokens
+        bm = self.block_manager
+        if computed or bm.prefix is None or request.status not in _ADMITTABLE:
+            return computed
+        request.cache_hint = hit = self.cached_tokens(request)
+        return hit
+
     def admit(self, request: Request, num_tokens: int | None = None) -> bool:
         """Admit a waiting or preempted request, first growing its blocks to ``num_tokens``
-        (None: the caller already allocated). False, and nothing changed, if they do not fit."""
+        (None: the caller already allocated), starting from the cached prefix the policy
+        planned with (``prefix_start``). False, and nothing changed, if they do not fit."""
         assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), request
         rid = request.request_id
-        if num_tokens is not None and not self.block_manager.allocate_slots(rid, num_tokens):
+        if num_tokens is not None and not self._allocate(request, num_tokens):
             return False
         self._set_status(request, RequestStatus.RUNNING)
         self.running[rid] = request
@@ -69,6 +97,29 @@ class SchedulerState:
         metrics = request.metrics
         if metrics.first_scheduled_time is None:
             metrics.first_scheduled_time = self.now
+            metrics.num_cached_tokens = request.num_computed_tokens
+        return True
+
+    def _allocate(self, request: Request, num_tokens: int) -> bool:
+        """Blocks for ``num_tokens``: the planned cached prefix shared, the rest new. Falls
+        back to no sharing when the cached blocks would leave too few free ones."""
+        bm, rid, hint = self.block_manager, request.request_id, request.cache_hint
+        request.cache_hint = 0
+        if bm.prefix is None or request.num_computed_tokens or bm.num_blocks_of(rid):
+            return bm.allocate_slots(rid, num_tokens)
+        blocks = (bm.match_prefix(request.token_ids)[:min(hint, num_tokens) // bm.block_size]
+                  if hint else [])
+        fits = blocks and (bm.num_free_taken_by(blocks) + bm.blocks_for(num_tokens)
+                           - len(blocks) <= bm.num_free_blocks)
+        if fits:
+            bm.claim_prefix(rid, blocks)
+            ok = bm.allocate_slots(rid, num_tokens)
+            assert ok, "checked above"
+            request.num_computed_tokens = len(blocks) * bm.block_size
+        elif not bm.allocate_slots(rid, num_tokens):
+            return False
+        self.prefix_query_tokens += request.num_tokens
+        self.prefix_hit_tokens += request.num_computed_tokens
         return True
 
     def preempt(self, request: Request, output: SchedulerOutput) -> None:

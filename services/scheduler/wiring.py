@@ -38,6 +38,7 @@ class EngineConfig:
     kafka_bootstrap: str | None = None        # completions go to the Kafka topic, not observe()
     kafka_max_buffered: int = 10_000          # records kept while Kafka is down; then oldest dropped
     swap_space_gib: float = 0.0               # host KV tier (0: none; swapping is refused)
+    enable_prefix_caching: bool = True        # share and keep KV of identical prompt prefixes
     kv_int8: bool = False                     # channel-wise INT8 for swapped KV
     check_integrity: bool = False    # assert block accounting after every step (tests)
 
@@ -68,7 +69,8 @@ def scheduler_config(config: EngineConfig, executor: Executor) -> SchedulerConfi
         num_gpu_blocks=info.num_gpu_blocks, block_size=info.block_size, max_model_len=max_len,
         max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
         enable_chunked_prefill=config.enable_chunked_prefill, policy=config.policy,
-        policy_config=config.policy_config)
+        policy_config=config.policy_config, enable_prefix_caching=config.enable_prefix_caching,
+        cache_namespace=(info.name, info.dtype))
 
 
 def build_predictions(config: EngineConfig, model: str, progress=None):

@@ -269,3 +269,28 @@ def test_econoserve_paper_quick_reports_sustained_rates_and_paper_metrics(tmp_pa
     assert section_count(text, "econoserve_paper") == 1
     assert "x vllm-v0" in text and "scheduler share of JCT" in text
     assert "--block-size 32 --num-gpu-blocks 491" in text
+
+
+def test_prefix_caching_quick_runs_both_parts_and_publishes_one_section(tmp_path):
+    """--quick end to end with the fake model for the real-engine part (no timing) and the
+    simulator on the first requests of the Mooncake trace (a tiny stand-in when the public
+    trace is not beside the checkout)."""
+    from benchmarks import prefix_caching
+    trace = prefix_caching.MOONCAKE
+    if not trace.is_file():
+        trace = tmp_path / "trace.jsonl"
+        trace.write_text("\n".join(json.dumps(
+            {"timestamp": 100 * i, "input_length": 700 + 10 * i, "output_length": 20,
+             "hash_ids": [0, 1, i + 2]}) for i in range(50)))
+    argv = ["--quick", "--model", "fake", "--trace", str(trace), "--docs",
+            str(tmp_path / "docs"), "--raw", str(tmp_path / "raw")]
+    assert prefix_caching.main(argv) == 0
+    out = output.Outputs(docs=tmp_path / "docs", raw=tmp_path / "raw")
+    record = json.loads(out.file("prefix_caching", "json").read_text())
+    assert {r["mode"] for r in record["cpu_runs"]} == {"off", "device"}
+    assert {(r["policy"], r["mode"]) for r in record["sim_runs"]} == {
+        ("vllm", "off"), ("vllm", "device"), ("alise", "off"), ("alise", "device")}
+    device = [r for r in record["sim_runs"] if r["mode"] == "device"]
+    assert all(r["summary"]["prefix_cache_hits"] > 0 for r in device)
+    assert 0 < record["ideal_hit_rate"] < 1
+    assert section_count(out.page.read_text(), "prefix_caching") == 1

@@ -96,3 +96,36 @@ def test_metrics_without_a_predictor_count_nothing_dropped(live):
     families = scrape(live)
     for name in ("lenserve_kafka_completions_dropped", "lenserve_predictor_predictions"):
         assert value(families[name], name + "_total") == 0
+
+
+@pytest.mark.parametrize("transport", ["inprocess", "grpc"])
+def test_metrics_export_the_prefix_cache_hits_of_a_repeated_prompt(transport):
+    served = []
+
+    def wrap(engine):
+        if transport == "inprocess":
+            return engine
+        served.append(ServedScheduler(engine))
+        return served[-1].backend
+
+    live, server = start_gateway({}, wrap=wrap)
+    try:
+        client = live.client()
+        prompt = "a system prompt that every request repeats. " * 3      # 132 char tokens
+        for question in ("first?", "second?"):
+            client.completions.create(model="fake", prompt=prompt + question, max_tokens=2)
+        families = scrape(live)
+        queries = value(families["lenserve_prefix_cache_queries"],
+                        "lenserve_prefix_cache_queries_total")
+        hits = value(families["lenserve_prefix_cache_hits"], "lenserve_prefix_cache_hits_total")
+        # Char tokens, blocks of 16: the second request finds the 8 full blocks of the shared
+        # 132 characters cached.
+        assert len(prompt) == 132
+        assert queries == (132 + 6) + (132 + 7) and hits == 8 * 16
+        assert value(families["lenserve_prefix_cache_hit_rate"],
+                     "lenserve_prefix_cache_hit_rate") == pytest.approx(hits / queries)
+    finally:
+        server.stop()
+        for s in served:
+            s.stop()
+        live.engine.shutdown()

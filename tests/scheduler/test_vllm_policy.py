@@ -1,3 +1,4 @@
+import pytest
 from sched_helpers import add, make_request, make_scheduler, scheduled, step
 
 from services.scheduler.request import RequestStatus
@@ -73,8 +74,9 @@ def test_no_admission_in_a_step_that_preempted():
     assert "d" not in scheduled(out) and d.status is RequestStatus.WAITING   # ... but waits
 
 
-def test_preempted_request_is_recomputed_with_its_outputs_and_finishes():
-    s = make_scheduler(num_gpu_blocks=4, max_model_len=16)
+@pytest.mark.parametrize("caching, fed", [(False, 5), (True, 1)])
+def test_preempted_request_is_recomputed_with_its_outputs_and_finishes(caching, fed):
+    s = make_scheduler(num_gpu_blocks=4, max_model_len=16, enable_prefix_caching=caching)
     a, b, c = add(s, make_request("a", 4, 3), make_request("b", 4, 3), make_request("c", 4, 3))
     step(s)
     step(s)                                   # c preempted with 1 output token
@@ -83,7 +85,9 @@ def test_preempted_request_is_recomputed_with_its_outputs_and_finishes():
         out, _batch = step(s)
         if "c" in scheduled(out) and recompute is None:
             recompute = scheduled(out)["c"]
-    assert recompute == 5                     # prompt 4 + 1 output, prefilled again
+    # Prompt 4 + 1 output prefilled again; with caching the prompt's full block is still
+    # cached (its KV was kept when c was preempted), so only the output token is fed.
+    assert recompute == fed
     assert all(r.num_output_tokens == 3 for r in (a, b, c))
     assert not s.has_unfinished_requests()
 

@@ -7,6 +7,9 @@ from services.simulator.shapes import MODEL_SHAPES
 
 def v0(mode: str | None = None, **overrides):
     options = () if mode is None else (f"preemption_mode={mode}",)
+    # The factory's prompts share their first tokens: without the prefix cache, so that each
+    # prompt's batch is its whole length (the cache is covered in test_prefix_caching).
+    overrides.setdefault("enable_prefix_caching", False)
     return make_scheduler("vllm-v0", policy_config=options, **overrides)
 
 

@@ -167,7 +167,8 @@ def test_shared_sharegpt_first_turns():
 
 
 def test_dataset_names():
-    assert set(DATASET_NAMES) == {"sharegpt", "alpaca", "azure", "mooncake", "lengths"}
+    assert set(DATASET_NAMES) == {"sharegpt", "alpaca", "azure", "mooncake", "lengths",
+                                 "sharegpt-multiturn"}
 
 
 def test_a_folder_with_the_standard_file_name_is_read(tmp_path):

@@ -32,6 +32,7 @@ class BackendOptions:
     max_model_len: int | None = None
     swap_space_gib: float = 0.0
     kv_int8: bool = False
+    enable_prefix_caching: bool = True
     # Where lenserve and the hf-* backends run, in which dtype ("auto": bfloat16 on a GPU or
     # on a CPU with native bf16).
     device: str = "cpu"
@@ -85,6 +86,15 @@ class Backend(ABC):
     def profile(self):
         """A cumulative ``StepProfile`` of where the backend's time went, if it keeps one."""
         return
+
+    def clear_cache(self) -> None:
+        """Forget KV kept from earlier requests (a prefix cache): the runs of a sweep and the
+        warm-up replay the same prompts, and a run's hits must come from its own requests."""
+
+    def counters(self) -> dict | None:
+        """Cumulative counters the report shows per run (prefix cache queries and hits, in
+        prompt tokens), if the backend keeps any."""
+        return None
 
     def describe(self) -> dict:
         """What the started backend resolved its defaults to (``dtype`` "auto" depends on the

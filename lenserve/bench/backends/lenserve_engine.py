@@ -39,7 +39,8 @@ class LenserveBackend(Backend):
                 num_gpu_blocks=o.num_gpu_blocks, max_num_seqs=o.max_num_seqs,
                 max_num_batched_tokens=o.max_num_batched_tokens, max_model_len=o.max_model_len,
                 swap_space_gib=o.swap_space_gib, kv_int8=o.kv_int8, device=o.device,
-                dtype=o.dtype, enforce_eager=o.enforce_eager),
+                dtype=o.dtype, enforce_eager=o.enforce_eager,
+                enable_prefix_caching=o.enable_prefix_caching),
                 predictor_progress=_seed_progress)
             if self.learns_from_requests:
                 # Requests go in as token ids (no detokenizing); the predictor reads text: the
@@ -104,6 +105,19 @@ class LenserveBackend(Backend):
 
     def profile(self):
         return getattr(self.engine, "profile", None)
+
+    def clear_cache(self) -> None:
+        scheduler = getattr(self.engine, "scheduler", None)
+        if scheduler is not None:
+            scheduler.block_manager.reset_prefix_cache()
+
+    def counters(self) -> dict | None:
+        if not hasattr(self.engine, "stats"):
+            return None
+        stats = self.engine.stats()
+        return {"num_preemptions": stats.num_preemptions,
+                "prefix_cache_queries": stats.prefix_cache_queries,
+                "prefix_cache_hits": stats.prefix_cache_hits}
 
     def describe(self) -> dict:
         info = getattr(self.engine, "model_info", None)

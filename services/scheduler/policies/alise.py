@@ -118,7 +118,9 @@ class AlisePolicy(RankedPolicy):
         job = self.jobs[req.request_id]
         cap = max_output_len(req, self.config.max_model_len)
         decodes = max(1, min(job.length, cap) - req.num_output_tokens)
-        prefill = max(0, req.num_tokens - req.num_computed_tokens - 1)
+        # A queued request's cached prefix is not prefilled again: only uncached work counts.
+        done = max(req.num_computed_tokens, req.num_cached_tokens)
+        prefill = max(0, req.num_tokens - done - 1)
         return self.model.estimate(prefill, req.num_prompt_tokens, decodes)
 
     def _waited(self, job: _Job, now: float) -> float:
@@ -250,6 +252,7 @@ class AlisePolicy(RankedPolicy):
         return key - self.options.aging_rate * state.now + cost < self._keys[resident.request_id]
 
     def _requeue(self, request: Request, state: SchedulerState) -> None:
+        state.cached_tokens(request)     # its own blocks likely stayed cached
         self._push(request)
 
     def _on_served(self, request: Request, state: SchedulerState) -> None:

@@ -81,7 +81,9 @@ class EconoServePolicy(PipeliningMixin, Policy):
         return self.ordering.key(self.model.deadline(req), occupied, length)
 
     def _queue_pt(self, req: Request) -> None:
-        self.pts.push(req, self._key(req, 0, req.num_tokens), req.num_tokens)
+        # Sized by its uncached tokens: a cached prefix is neither prefilled nor allocated.
+        uncached = req.num_tokens - req.num_cached_tokens
+        self.pts.push(req, self._key(req, 0, uncached), uncached)
 
     def _queue_gt(self, req: Request, bm) -> None:
         if req.status is _SWAPPED:       # its KV is on the host tier: all blocks to allocate
@@ -180,6 +182,7 @@ class EconoServePolicy(PipeliningMixin, Policy):
     def _preempt(self, state: SchedulerState, output: SchedulerOutput, req: Request) -> None:
         self._unlink(req)
         state.preempt(req, output)
+        state.cached_tokens(req)
         self._queue_pt(req)
 
     def _continue_prefills(self, output: SchedulerOutput, tokens: int) -> int:
@@ -313,18 +316,23 @@ class EconoServePolicy(PipeliningMixin, Policy):
     # -- prompt tasks ----------------------------------------------------------------------
     def _admit_prompts(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> None:
         bm = state.block_manager
-        held = sum(bm.num_blocks_of(rid) for rid in self.prefilling)
+        held = self._prompt_kv_held(bm)
         waiting = self._waiting_kv(bm) if self.gts else 0
         while tokens > 0 and self.pts:
             if waiting and held + waiting >= self.waiting_cap:
                 return      # enough prompts wait for their GT allocation already
             req = self._pick_prompt(bm, tokens, held, first=not self.prefilling and
                                     not output.scheduled)
-            if req is None or not state.admit(req, req.num_tokens):
+            if req is None:
+                return
+            state.prefix_start(req)             # admit shares its cached prefix
+            if not state.admit(req, req.num_tokens):
                 return
             self.pts.remove(req)
             held += bm.num_blocks_of(req.request_id)
-            n = req.num_tokens
+            # Without chunking an oversized prompt runs whole, alone. A cached prefix was
+            # claimed by the admission: only the rest is fed.
+            n = req.num_tokens - req.num_computed_tokens
             if self.config.enable_chunked_prefill:
                 n = min(n, tokens)
             self.prefilling[req.request_id] = req
@@ -334,10 +342,20 @@ class EconoServePolicy(PipeliningMixin, Policy):
 
     def _waiting_kv(self, bm) -> int:
         """Blocks of the GTs waiting for their allocation that have never decoded (prompt
-        KV); kept up to date at queue changes would cost more than this sum, which runs
-        once per iteration over the waiting GTs."""
-        return sum(bm.num_blocks_of(r.request_id) for r in self.gts.ordered()
-                   if r.request_id not in self.lender_of)
+        KV), a block they share (a cached prefix) once; kept up to date at queue changes
+        would cost more than this sum, which runs once per iteration over the waiting GTs."""
+        ids = [r.request_id for r in self.gts.ordered() if r.request_id not in self.lender_of]
+        return self._distinct_blocks(bm, ids)
+
+    def _prompt_kv_held(self, bm) -> int:
+        """Blocks held by the prompts being prefilled, a shared block once."""
+        return self._distinct_blocks(bm, list(self.prefilling))
+
+    @staticmethod
+    def _distinct_blocks(bm, ids: list[str]) -> int:
+        if bm.prefix is not None:
+            return len({b for rid in ids for b in bm.block_table(rid)})
+        return sum(bm.num_blocks_of(rid) for rid in ids)
 
     def _prompt_fits(self, bm, req: Request, held: int) -> bool:
         """PTs live in the reserve (the paper's "small amount of KVC reserved for adding
@@ -346,7 +364,9 @@ class EconoServePolicy(PipeliningMixin, Policy):
         larger than the whole reserve may use it alone. Beyond it a prompt starts only when
         no GT waits and its whole allocation fits the unreserved free KV, so that prompts
         whose GTs could not start do not take the KV the queued GTs wait for."""
-        free, need = bm.num_free_blocks, bm.blocks_for(req.num_tokens)
+        free = bm.num_free_blocks
+        # Blocks of its cached prefix that other requests hold already cost nothing new.
+        need = bm.blocks_for(req.num_tokens) - bm.num_held_of(bm.match_prefix(req.token_ids))
         if need <= free and (held + need <= self.reserved_blocks or held == 0):
             return True
         target = bm.blocks_for(self.model.target_tokens(req))
@@ -354,7 +374,8 @@ class EconoServePolicy(PipeliningMixin, Policy):
 
     def _pick_prompt(self, bm, tokens: int, held: int, first: bool) -> Request | None:
         head = self.pts.head()
-        if head.num_tokens <= tokens or self.config.enable_chunked_prefill or first:
+        uncached = head.num_tokens - head.num_cached_tokens
+        if uncached <= tokens or self.config.enable_chunked_prefill or first:
             # The head fits the budget, is chunked into it, or runs whole and alone.
             return head if self._prompt_fits(bm, head, held) else None
         fit = self.pts.largest_fitting(tokens)        # binary search: fill the budget

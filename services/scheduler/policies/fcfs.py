@@ -38,14 +38,15 @@ class FcfsPolicy(Policy):
         chunked = self.config.enable_chunked_prefill
         while waiting and tokens > 0 and len(running) < max_num_seqs:
             req = waiting[0]
-            n = len(req.token_ids) - req.num_computed_tokens
+            start = state.prefix_start(req)
+            n = len(req.token_ids) - start
             if n > tokens:
                 # Without chunking a prompt must run whole; an oversized one runs alone.
                 if chunked:
                     n = tokens
                 elif output.scheduled:
                     break
-            if not state.admit(req, req.num_computed_tokens + n):
+            if not state.admit(req, start + n):
                 break
             waiting.popleft()
             output.add(req, n)

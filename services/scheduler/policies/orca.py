@@ -48,7 +48,7 @@ class OrcaPolicy(FcfsPolicy):
         waiting, running = self.waiting, state.running
         while waiting and len(running) < max_num_seqs:
             req = waiting[0]
-            n = len(req.token_ids)
+            n = len(req.token_ids) - state.prefix_start(req)
             if n > tokens and output.scheduled:
                 break       # an oversized prompt runs alone rather than never
             if not state.admit(req, self.reserved_tokens(req)):

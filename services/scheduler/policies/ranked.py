@@ -163,11 +163,12 @@ class RankedPolicy(Policy):
 
     def _admit(self, state: SchedulerState, output: SchedulerOutput, p: _Pass, cand: Request,
                budget: Budget) -> bool:
-        n = self._chunk(cand, p.tokens, output)
-        if n == 0 or not self._make_room(state, output, p, cand, n, budget):
+        start = state.prefix_start(cand)
+        n = self._chunk(cand, start, p.tokens, output)
+        if n == 0 or not self._make_room(state, output, p, cand, start + n, budget):
             return False
         self._pop(cand)
-        bm, total = state.block_manager, cand.num_computed_tokens + n
+        bm, total = state.block_manager, start + n
         # _make_room checked the blocks, so neither transition can fail here.
         if cand.status is _SWAPPED:
             ok = state.swap_in(cand, output) and bm.allocate_slots(cand.request_id, total)
@@ -180,22 +181,22 @@ class RankedPolicy(Policy):
         self._on_served(cand, state)
         return True
 
-    def _chunk(self, req: Request, tokens: int, output: SchedulerOutput) -> int:
-        pending = req.num_tokens - req.num_computed_tokens
+    def _chunk(self, req: Request, start: int, tokens: int, output: SchedulerOutput) -> int:
+        pending = req.num_tokens - start
         if pending <= tokens or self.config.enable_chunked_prefill:
             return min(pending, tokens)
         # Without chunking a prompt runs whole; an oversized one runs alone.
         return 0 if output.scheduled else pending
 
     def _make_room(self, state: SchedulerState, output: SchedulerOutput, p: _Pass,
-                   cand: Request, n: int, budget: Budget) -> bool:
+                   cand: Request, end: int, budget: Budget) -> bool:
         while len(state.running) >= budget.max_num_seqs:
             victim = self._victim(state, p, cand, cand)
             if victim is None:
                 return False
             self._evict(state, output, p, victim)
         bm = state.block_manager
-        need = self.config.blocks_for(cand.num_computed_tokens + n) + self.options.watermark_blocks
+        need = self.config.blocks_for(end) + self.options.watermark_blocks
         while bm.num_free_blocks < need:
             if bm.num_free_blocks + p.deferred >= need:
                 return False        # room arrives when this iteration's swap copies finish

@@ -90,7 +90,7 @@ class SarathiPolicy(FcfsPolicy):
         waiting, running = self.waiting, state.running
         while waiting and tokens > 0 and len(running) < max_num_seqs:
             req = waiting[0]
-            n = min(req.num_tokens - req.num_computed_tokens, tokens)
+            n = min(req.num_tokens - state.prefix_start(req), tokens)
             # Blocks for the whole prompt up front: a later chunk never stalls a decode.
             if not state.admit(req, req.num_tokens):
                 break

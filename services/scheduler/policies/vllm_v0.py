@@ -94,10 +94,12 @@ class VllmV0Policy(FcfsPolicy):
         waiting, running, bm = self.waiting, state.running, state.block_manager
         while waiting and len(running) < max_num_seqs:
             req = waiting[0]
-            n = req.num_tokens - req.num_computed_tokens
+            start = state.prefix_start(req)     # past a cached prefix, if any
+            n = req.num_tokens - start
             if n > tokens and output.scheduled:
                 break
-            need = bm.blocks_for(req.num_tokens) - bm.num_blocks_of(req.request_id)
+            have = max(bm.num_blocks_of(req.request_id), start // bm.block_size)
+            need = bm.blocks_for(req.num_tokens) - have
             if not self._fits(state, need) or not state.admit(req, req.num_tokens):
                 break
             waiting.popleft()
