@@ -13,7 +13,8 @@ _PLAIN = ("presence_penalty", "frequency_penalty", "min_p")
 def sampling_params_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
     msg = common_pb2.SamplingParams(stop=list(params.stop),
                                     stop_token_ids=list(params.stop_token_ids),
-                                    ignore_eos=params.ignore_eos)
+                                    ignore_eos=params.ignore_eos,
+                                    cap_max_tokens=params.cap_max_tokens)
     for name in _OPTIONAL:
         value = getattr(params, name)
         if value is not None:
@@ -40,7 +41,8 @@ def sampling_params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams
         kwargs["structured_output"] = StructuredOutput(msg.structured_output.kind,
                                                        msg.structured_output.schema)
     return SamplingParams(stop=list(msg.stop), stop_token_ids=list(msg.stop_token_ids),
-                          ignore_eos=msg.ignore_eos, **kwargs)
+                          ignore_eos=msg.ignore_eos, cap_max_tokens=msg.cap_max_tokens,
+                          **kwargs)
 
 
 def logprob_to_proto(entry: Logprob) -> common_pb2.TokenLogprob:

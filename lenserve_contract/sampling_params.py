@@ -7,8 +7,11 @@ beside each sampled token's own log-probability; None reports nothing), the Open
 (token id -> value added to its logit, in [-100, 100]), a per-request ``seed``, structured
 output (``StructuredOutput``: a JSON object, or JSON that follows a schema) and
 ``truncate_prompt_tokens``: a prompt whose length plus ``max_tokens`` exceeds the context is
-refused unless this is set, which keeps only the prompt's last tokens (``k > 0``: at most
-``k``; ``-1``: as many as leave room for ``max_tokens``)."""
+refused (as vLLM does) unless the request opts into one of two truncations:
+``truncate_prompt_tokens`` keeps only the prompt's last tokens (``k > 0``: at most ``k``, as
+vLLM; ``-1``: as many as leave room for ``max_tokens``), ``cap_max_tokens`` lowers
+``max_tokens`` to what fits beside the prompt (the output then ends with ``length`` at the
+context limit)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -60,6 +63,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     structured_output: StructuredOutput | None = None
     truncate_prompt_tokens: int | None = None
+    cap_max_tokens: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

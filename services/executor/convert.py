@@ -49,7 +49,7 @@ def output_from_proto(msg: pb.ExecuteResponse) -> ExecutorOutput:
     top = {s.request_id: list(zip(s.top_token_ids, s.top_logprobs))
            for s in msg.sampled if s.has_logprobs}
     return ExecutorOutput(msg.iteration, {s.request_id: s.token_id for s in msg.sampled},
-                          {s.request_id: s.logprob for s in msg.sampled}, top, timings)
+                          {s.request_id: s.logprob for s in msg.sampled}, timings, top)
 
 
 def _sampled(out: ExecutorOutput, rid: str, token: int) -> pb.SampledToken:

@@ -125,7 +125,7 @@ class InProcessExecutor(Executor):
             sample_s=end - sample_start, total_s=end - start, swap_s=swap_s,
             wave_attention_s=list(ctx.wave_attention_s) if ctx else [])
         return ExecutorOutput(batch.iteration, dict(zip(ids, tokens)), dict(zip(ids, logprobs)),
-                              top, timings)
+                              timings, top)
 
     def _sample(self, logits: torch.Tensor, sampling: list[ScheduledSequence]):
         reqs = [SampleRequest(s.sampling_params, s.num_output_tokens) for s in sampling]

@@ -76,9 +76,9 @@ class ExecutorOutput:
     iteration: int
     sampled: dict[str, int]                     # request_id -> token, for sequences with sample=True
     logprobs: dict[str, float] = field(default_factory=dict)
+    timings: IterationTimings = field(default_factory=IterationTimings)
     # Requests that asked for logprobs: the most likely (token, logprob) pairs at the step.
     top_logprobs: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
-    timings: IterationTimings = field(default_factory=IterationTimings)
 
 
 @dataclass(frozen=True)
