@@ -67,10 +67,11 @@ class GrammarCache:
     def matcher(self, so: StructuredOutput):
         xgr = _xgr()
         check_structured_output(so.kind, so.schema)
-        if so.kind == "json_object":
-            compiled = self.compiler.compile_builtin_json_grammar()
-        else:
-            compiled = self.compiler.compile_json_schema(so.schema, strict_mode=True)
+        # Compact JSON (no free whitespace between tokens): a small or unsure model can
+        # otherwise emit whitespace until max_tokens (vLLM's --disable-any-whitespace).
+        schema = '{"type": "object"}' if so.kind == "json_object" else so.schema
+        compiled = self.compiler.compile_json_schema(schema, strict_mode=True,
+                                                     any_whitespace=False)
         return xgr.GrammarMatcher(compiled)
 
     def fill_mask(self, matchers: list) -> torch.Tensor:
