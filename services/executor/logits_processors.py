@@ -5,7 +5,8 @@ as one small tensor per kind (built on the host from the requests' parameters, c
 a sync), never as one kernel or one transfer per request. Semantics follow vLLM: the logit
 bias is added first, then the repetition penalty (prompt and output tokens: a positive logit
 is divided by it, a negative one multiplied), then the frequency penalty (times each output
-token's count) and the presence penalty (once per token that occurred in the output)."""
+token's count) and the presence penalty (once per token that occurred in the output). The
+logits are changed in place: the sampler's caller hands over a fresh batch each step."""
 from __future__ import annotations
 
 import torch
@@ -26,19 +27,17 @@ def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> None
                           torch.tensor(vals, device=dev, dtype=logits.dtype), accumulate=True)
 
 
-def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor,
-                    params: list[SamplingParams]) -> torch.Tensor:
-    """``logits[m, V]`` of the penalized rows, their output token ``counts[m, V]`` and
-    ``prompt_mask[m, V]`` (token occurs in the prompt); returns the penalized logits."""
-    dev, dt = logits.device, logits.dtype
-    rep = torch.tensor([p.repetition_penalty for p in params], device=dev, dtype=dt)[:, None]
-    freq = torch.tensor([p.frequency_penalty for p in params], device=dev, dtype=dt)[:, None]
-    pres = torch.tensor([p.presence_penalty for p in params], device=dev, dtype=dt)[:, None]
-    in_output = counts > 0
-    seen = in_output | prompt_mask
-    penalized = torch.where(logits > 0, logits / rep, logits * rep)
-    logits = torch.where(seen, penalized, logits)
-    return logits - freq * counts.to(dt) - pres * in_output.to(dt)
+def apply_penalties(logits: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
+    """Penalize, in place, the tokens each row has seen. ``index[2, n]``: (batch row, token)
+    of every distinct token of a penalized row's prompt and output; ``values[4, n]``: that
+    token's output count, and the row's repetition, frequency and presence penalties. Sparse:
+    the cost follows the tokens seen, not the vocabulary."""
+    rows, tokens = index[0], index[1]
+    count, rep, freq, pres = values
+    seen = logits[rows, tokens]
+    seen = torch.where(seen > 0, seen / rep, seen * rep)
+    seen = seen - freq * count - pres * (count > 0).to(seen.dtype)
+    logits.index_put_((rows, tokens), seen)
 
 
 def min_p_filter(probs: torch.Tensor, min_p: list[float]) -> torch.Tensor:

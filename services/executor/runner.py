@@ -64,7 +64,7 @@ class InProcessExecutor(Executor):
         # ``seed`` makes the random weights of a preset; sampling without a request seed
         # takes fresh entropy (a fixed stream would repeat the same text after each restart).
         self.sampler = Sampler()
-        self.sampling_state = SamplingState(net.vocab_size, self.device, self._grammars)
+        self.sampling_state = SamplingState(self.device, self._grammars)
         self._grammar_cache = None
         self.block_tables = BlockTables()
         self.swap_buffers: dict[str, torch.Tensor] = {}   # name -> host buffer, per slot
@@ -133,9 +133,10 @@ class InProcessExecutor(Executor):
         penalties = mask = None
         if len(state):
             penalties, mask = state.prepare(sampling)
-        out = self.sampler.sample(logits, reqs, penalties, mask)
+        with torch.inference_mode():    # the logits are inference tensors, changed in place
+            out = self.sampler.sample(logits, reqs, penalties, mask)
         if len(state):
-            state.advance(sampling, penalties, out)
+            state.advance(sampling, out)
         top = {sampling[row].request_id: pairs for row, pairs in out.top.items()}
         return out.tokens, out.logprobs, top
 

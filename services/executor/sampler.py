@@ -43,13 +43,11 @@ class SampleRequest:
 
 @dataclass
 class Penalties:
-    """Device tensors of the batch's penalized rows: which rows, their output token counts
-    and the tokens of their prompts."""
+    """The seen tokens of the batch's penalized rows, on the device (see
+    ``logits_processors.apply_penalties``)."""
 
-    rows: list[int]
-    counts: torch.Tensor        # [len(rows), vocab] int
-    prompt_mask: torch.Tensor   # [len(rows), vocab] bool
-    slots: torch.Tensor | None = None   # the rows' places in the executor's count slab
+    index: torch.Tensor     # [2, n] long: batch row, token
+    values: torch.Tensor    # [4, n] float: output count, repetition, frequency, presence
 
 
 @dataclass
@@ -65,7 +63,6 @@ class SamplerOutput:
     tokens: list[int]
     logprobs: list[float]
     top: dict[int, list[tuple[int, float]]] = field(default_factory=dict)   # row -> top-k
-    token_tensor: torch.Tensor | None = None    # the tokens, still on the device
 
 
 def step_seed(seed: int, num_output_tokens: int) -> int:
@@ -82,32 +79,29 @@ class Sampler:
                penalties: Penalties | None = None, mask: Mask | None = None) -> SamplerOutput:
         """One token per row of ``logits[n, vocab]``, with its log-probability under the
         model's raw distribution (before temperature, penalties and masks, as vLLM reports it),
-        and for requests with ``logprobs=k`` the ``k`` most likely tokens."""
-        raw = logits.float()
+        and for requests with ``logprobs=k`` the ``k`` most likely tokens. Bias, penalties and
+        masks change ``logits`` in place."""
+        logits = logits.float()
         params = [r.params for r in requests]
-        plain = penalties is None and mask is None and all(p.plain for p in params)
-        logits = raw if plain else self._process(raw, params, penalties, mask)
+        logprobs = torch.log_softmax(logits, dim=-1)    # of the raw logits, before any change
+        if penalties is not None or mask is not None or not all(p.plain for p in params):
+            self._process(logits, params, penalties, mask)
         tokens = logits.argmax(dim=-1)
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if rows:
             tokens[rows] = self._sample_random(logits[rows], [requests[i] for i in rows])
-        logprobs = torch.log_softmax(raw, dim=-1)
         picked = logprobs.gather(1, tokens[:, None])[:, 0]
         return self._to_host(tokens, picked, logprobs, params)
 
     def _process(self, logits: torch.Tensor, params: list[SamplingParams],
-                 penalties: Penalties | None, mask: Mask | None) -> torch.Tensor:
-        logits = logits.clone()
+                 penalties: Penalties | None, mask: Mask | None) -> None:
         if any(p.logit_bias for p in params):
             apply_logit_bias(logits, params)
         if penalties is not None:
-            rows = penalties.rows
-            logits[rows] = apply_penalties(logits[rows], penalties.counts,
-                                           penalties.prompt_mask, [params[i] for i in rows])
+            apply_penalties(logits, penalties.index, penalties.values)
         if mask is not None:
             from services.executor.structured import apply_mask
             apply_mask(logits, mask.bitmask, mask.rows)
-        return logits
 
     def _to_host(self, tokens: torch.Tensor, picked: torch.Tensor, logprobs: torch.Tensor,
                  params: list[SamplingParams]) -> SamplerOutput:
@@ -120,7 +114,7 @@ class Sampler:
             parts += [top.indices.double().flatten(), top.values.double().flatten()]
         flat = torch.cat(parts).cpu().tolist()
         n = len(params)
-        out = SamplerOutput([int(t) for t in flat[:n]], flat[n:2 * n], token_tensor=tokens)
+        out = SamplerOutput([int(t) for t in flat[:n]], flat[n:2 * n])
         ids, vals = flat[2 * n:2 * n + len(want) * k], flat[2 * n + len(want) * k:]
         for j, i in enumerate(want):
             kk = params[i].logprobs

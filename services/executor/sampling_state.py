@@ -6,47 +6,73 @@ request id: the scheduler names the requests to forget (``finished_request_ids``
 a whole block table, sends the tokens already in the KV cache (``context_token_ids``), from
 which the history is rebuilt (after a preemption, a swap, or a restarted executor).
 
-Penalties read device tensors: each penalized request owns a row of a count slab
-(``[rows, vocab]`` output token counts, and the prompt's tokens as a mask). A row is built
-once from the host history when the request first samples; afterwards the sampled tokens
-are added on the device, so a decode step moves nothing per request between host and
-device. Grammars are xgrammar matchers advanced with each sampled token on the host.
+Penalties are sparse: a request's distinct prompt and output tokens with their output counts,
+kept on the host in growable numpy arrays (the sampled tokens come back to the host each step
+anyway). Each step the penalized rows' entries go to the device in two copies for the whole
+batch, and the sampler touches only those logits: the cost follows the tokens seen, not the
+vocabulary. Grammars are xgrammar matchers advanced with each sampled token on the host.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from services.executor.sampler import Mask, Penalties, SamplerOutput
 from services.executor.types import ScheduledSequence
 
 
+class SeenTokens:
+    """A request's distinct tokens: output count of each, prompt tokens at count 0."""
+
+    def __init__(self, prompt: list[int], outputs: list[int]):
+        self.pos: dict[int, int] = {}
+        self.tokens = np.zeros(max(16, 2 * (len(prompt) + len(outputs))), np.int64)
+        self.counts = np.zeros(len(self.tokens), np.float32)
+        self.n = 0
+        for t in prompt:
+            if t not in self.pos:
+                self._append(t)
+        for t in outputs:
+            self.add(t)
+
+    def _append(self, token: int) -> int:
+        if self.n == len(self.tokens):
+            self.tokens = np.concatenate([self.tokens, np.zeros_like(self.tokens)])
+            self.counts = np.concatenate([self.counts, np.zeros_like(self.counts)])
+        self.pos[token] = i = self.n
+        self.tokens[i] = token
+        self.n += 1
+        return i
+
+    def add(self, token: int) -> None:
+        i = self.pos.get(token)
+        if i is None:
+            i = self._append(token)     # first: it may replace the arrays
+        self.counts[i] += 1
+
+
 class _History:
-    __slots__ = ("matcher", "slot", "tokens")
+    __slots__ = ("matcher", "seen", "tokens")
 
     def __init__(self, tokens: list[int]):
         self.tokens = tokens        # every token of the request in the KV cache, in order
-        self.slot: int | None = None
+        self.seen: SeenTokens | None = None
         self.matcher = None
 
 
 class SamplingState:
-    def __init__(self, vocab_size: int, device: torch.device, grammars=None):
+    def __init__(self, device: torch.device, grammars=None):
         """``grammars``: a callable returning the ``GrammarCache`` (made on first use)."""
-        self.vocab_size, self.device = vocab_size, device
+        self.device = device
         self._grammars = grammars
         self._history: dict[str, _History] = {}
-        self._free: list[int] = []
-        self.counts = torch.zeros(0, vocab_size, dtype=torch.int32, device=device)
-        self.prompt_mask = torch.zeros(0, vocab_size, dtype=torch.bool, device=device)
 
     def __len__(self) -> int:
         return len(self._history)
 
     def forget(self, request_ids: list[str]) -> None:
         for rid in request_ids:
-            h = self._history.pop(rid, None)
-            if h is not None and h.slot is not None:
-                self._free.append(h.slot)
+            self._history.pop(rid, None)
 
     def observe(self, seqs: list[ScheduledSequence]) -> None:
         """Record the tokens fed this iteration of requests that need their history."""
@@ -55,76 +81,63 @@ class SamplingState:
                 continue
             h = self._history.get(s.request_id)
             if h is None or not s.block_table_is_delta:
-                self.forget([s.request_id])
                 self._history[s.request_id] = _History(list(s.context_token_ids) + s.token_ids)
             else:
                 h.tokens.extend(s.token_ids)
 
     def prepare(self, seqs: list[ScheduledSequence]) -> tuple[Penalties | None, Mask | None]:
-        """The penalty rows and grammar masks of the sampling sequences ``seqs`` (in batch
-        order)."""
-        pen_rows, slots, mask_rows, matchers = [], [], [], []
+        """The penalties and grammar masks of the sampling sequences ``seqs`` (batch order)."""
+        pen_rows, seen, mask_rows, matchers = [], [], [], []
         for row, s in enumerate(seqs):
             params = s.sampling_params
             if not params.needs_history:
                 continue
             h = self._history[s.request_id]
+            split = len(h.tokens) - s.num_output_tokens
             if params.penalized:
-                if h.slot is None:
-                    h.slot = self._build_row(h.tokens, s.num_output_tokens)
+                if h.seen is None:
+                    h.seen = SeenTokens(h.tokens[:split], h.tokens[split:])
                 pen_rows.append(row)
-                slots.append(h.slot)
+                seen.append(h.seen)
             if params.structured_output is not None:
                 if h.matcher is None:
-                    h.matcher = self._build_matcher(s, h.tokens)
+                    h.matcher = self._build_matcher(s, h.tokens[split:])
                 if h.matcher.is_terminated():
                     continue    # the value is complete: what follows is up to EOS handling
                 mask_rows.append(row)
                 matchers.append(h.matcher)
-        penalties = mask = None
-        if pen_rows:
-            idx = torch.tensor(slots, device=self.device)
-            penalties = Penalties(pen_rows, self.counts[idx], self.prompt_mask[idx], idx)
-        if mask_rows:
-            mask = Mask(mask_rows, self._grammars().fill_mask(matchers))
+        penalties = self._penalties(seqs, pen_rows, seen) if pen_rows else None
+        mask = Mask(mask_rows, self._grammars().fill_mask(matchers)) if mask_rows else None
         return penalties, mask
 
-    def advance(self, seqs: list[ScheduledSequence], penalties: Penalties | None,
-                out: SamplerOutput) -> None:
-        """Count the sampled tokens (on the device) and advance the grammars (on the host)."""
-        if penalties is not None:
-            rows = torch.tensor(penalties.rows, device=self.device)
-            sampled = out.token_tensor[rows]
-            self.counts.index_put_((penalties.slots, sampled),
-                                   torch.ones_like(sampled, dtype=torch.int32), accumulate=True)
+    def _penalties(self, seqs, rows: list[int], seen: list[SeenTokens]) -> Penalties:
+        sizes = [s.n for s in seen]
+        params = [seqs[r].sampling_params for r in rows]
+        index = np.stack([np.repeat(np.asarray(rows, np.int64), sizes),
+                          np.concatenate([s.tokens[:s.n] for s in seen])])
+        per_row = np.array([[p.repetition_penalty, p.frequency_penalty, p.presence_penalty]
+                            for p in params], np.float32)
+        values = np.concatenate([np.concatenate([s.counts[:s.n] for s in seen])[None],
+                                 np.repeat(per_row, sizes, axis=0).T])
+        dev = self.device
+        return Penalties(torch.from_numpy(index).to(dev, non_blocking=True),
+                         torch.from_numpy(values).to(dev, non_blocking=True))
+
+    def advance(self, seqs: list[ScheduledSequence], out: SamplerOutput) -> None:
+        """Count the sampled tokens and advance the grammars (both on the host)."""
         for row, s in enumerate(seqs):
-            if s.sampling_params.structured_output is not None:
-                matcher = self._history[s.request_id].matcher
-                if not matcher.is_terminated():
-                    matcher.accept_token(out.tokens[row])
+            params = s.sampling_params
+            if not params.needs_history:
+                continue
+            h = self._history[s.request_id]
+            token = out.tokens[row]
+            if h.seen is not None:
+                h.seen.add(token)
+            if h.matcher is not None and not h.matcher.is_terminated():
+                h.matcher.accept_token(token)
 
-    def _build_row(self, tokens: list[int], num_output_tokens: int) -> int:
-        slot = self._free.pop() if self._free else self._grow()
-        split = len(tokens) - num_output_tokens
-        dev, vocab = self.device, self.vocab_size
-        outputs = torch.tensor(tokens[split:], dtype=torch.long, device=dev)
-        self.counts[slot] = torch.bincount(outputs, minlength=vocab).to(torch.int32)
-        self.prompt_mask[slot] = False
-        self.prompt_mask[slot, torch.tensor(tokens[:split], dtype=torch.long, device=dev)] = True
-        return slot
-
-    def _grow(self) -> int:
-        """Double the slab (rows are few: one per running penalized request)."""
-        old = self.counts.shape[0]
-        new = max(8, 2 * old)
-        self.counts = torch.cat([self.counts, self.counts.new_zeros(new - old, self.vocab_size)])
-        self.prompt_mask = torch.cat([self.prompt_mask,
-                                      self.prompt_mask.new_zeros(new - old, self.vocab_size)])
-        self._free.extend(range(new - 1, old, -1))
-        return old
-
-    def _build_matcher(self, s: ScheduledSequence, tokens: list[int]):
+    def _build_matcher(self, s: ScheduledSequence, outputs: list[int]):
         matcher = self._grammars().matcher(s.sampling_params.structured_output)
-        for token in tokens[len(tokens) - s.num_output_tokens:]:
+        for token in outputs:
             matcher.accept_token(token)     # replay after a reset of the history
         return matcher

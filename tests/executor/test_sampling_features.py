@@ -3,12 +3,16 @@
 min_p and logit_bias by what they allow, seeds against a different batch."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from lenserve_contract.sampling_params import SamplingParams
 from services.executor.logits_processors import apply_penalties
-from services.executor.sampler import Penalties, Sampler, SampleRequest
+from services.executor.sampler import Sampler, SampleRequest
+from services.executor.sampling_state import SamplingState
+from services.executor.types import ScheduledSequence
 
 
 def req(n: int = 0, **kw) -> SampleRequest:
@@ -30,14 +34,14 @@ def reference_penalties(logits, prompt, outputs, presence, frequency, repetition
     return out
 
 
-def penalty_tensors(histories, vocab):
-    counts = torch.zeros(len(histories), vocab, dtype=torch.int32)
-    mask = torch.zeros(len(histories), vocab, dtype=torch.bool)
-    for i, (prompt, outputs) in enumerate(histories):
-        for t in outputs:
-            counts[i, t] += 1
-        mask[i, prompt] = True
-    return counts, mask
+def penalties_of(histories, params):
+    """The sampler's penalty input for rows with (prompt, outputs) histories, built by the
+    executor's own per-request state."""
+    state = SamplingState(torch.device("cpu"))
+    seqs = [ScheduledSequence(f"r{i}", prompt + outputs or [0], 0, [0], True, p, len(outputs))
+            for i, ((prompt, outputs), p) in enumerate(zip(histories, params))]
+    state.observe(seqs)
+    return state.prepare(seqs)[0]
 
 
 def test_penalties_match_the_reference():
@@ -48,8 +52,8 @@ def test_penalties_match_the_reference():
     settings = [(0.5, 0.25, 1.3), (-1.0, 2.0, 0.7), (2.0, -0.5, 1.0)]
     params = [SamplingParams(presence_penalty=p, frequency_penalty=f, repetition_penalty=r)
               for p, f, r in settings]
-    counts, mask = penalty_tensors(histories, vocab)
-    got = apply_penalties(logits, counts, mask, params)
+    got = logits.clone()
+    apply_penalties(got, *dataclasses.astuple(penalties_of(histories, params)))
     for i, ((prompt, outputs), (p, f, r)) in enumerate(zip(histories, settings)):
         want = reference_penalties(logits[i], prompt, outputs, p, f, r)
         assert torch.allclose(got[i], want, atol=1e-5), i
@@ -57,10 +61,10 @@ def test_penalties_match_the_reference():
 
 def test_a_strong_penalty_changes_the_greedy_choice():
     logits = torch.tensor([[5.0, 4.0, 0.0, 0.0]])
-    counts, mask = penalty_tensors([([], [0, 0])], 4)
-    plain = Sampler().sample(logits, [req(temperature=0)]).tokens
-    penalized = Sampler().sample(logits, [req(temperature=0, frequency_penalty=1.0)],
-                                 Penalties([0], counts, mask)).tokens
+    plain = Sampler().sample(logits.clone(), [req(temperature=0)]).tokens
+    params = req(temperature=0, frequency_penalty=1.0)
+    penalized = Sampler().sample(logits, [params],
+                                 penalties_of([([3], [0, 0])], [params.params])).tokens
     assert plain == [0] and penalized == [1]
 
 
@@ -83,7 +87,7 @@ def test_logit_bias_forces_and_forbids_tokens():
     logits = torch.zeros(2, 30)
     reqs = [req(logit_bias={7: 100.0}), req(temperature=0, logit_bias={0: -100.0})]
     for _ in range(20):
-        tokens = Sampler().sample(logits, reqs).tokens
+        tokens = Sampler().sample(logits.clone(), reqs).tokens
         assert tokens[0] == 7 and tokens[1] != 0
 
 
@@ -99,12 +103,12 @@ def test_a_seed_gives_the_same_tokens_in_any_batch_with_every_option():
     logits = torch.randn(5, 500, generator=gen)
     mine = dict(seed=11, min_p=0.01, top_k=50, top_p=0.95, logit_bias={3: 2.0}, logprobs=2,
                 temperature=0.9)
-    counts, mask = penalty_tensors([([1, 2], [3, 3])], 500)
-    alone = Sampler().sample(logits[2:3], [req(4, presence_penalty=0.3, **mine)],
-                             Penalties([0], counts, mask))
-    others = [req(temperature=0), req(), req(4, presence_penalty=0.3, **mine), req(seed=2),
-              req(logprobs=3)]
-    together = Sampler().sample(logits, others, Penalties([2], counts, mask))
+    me = req(4, presence_penalty=0.3, **mine)
+    alone = Sampler().sample(logits[2:3].clone(), [me],
+                             penalties_of([([1, 2], [3, 3])], [me.params]))
+    others = [req(temperature=0), req(), me, req(seed=2), req(logprobs=3)]
+    hist = [([5], []), ([5], []), ([1, 2], [3, 3]), ([5], []), ([5], [])]
+    together = Sampler().sample(logits, others, penalties_of(hist, [r.params for r in others]))
     assert alone.tokens[0] == together.tokens[2] and alone.top[0] == together.top[2]
 
 
@@ -112,3 +116,12 @@ def test_unseeded_samplers_start_from_fresh_entropy():
     logits = torch.zeros(1, 10_000)
     first = [Sampler().sample(logits, [req()]).tokens[0] for _ in range(5)]
     assert len(set(first)) > 1      # a stream fixed at start would repeat one token
+
+
+def test_seen_tokens_grow_past_their_first_capacity():
+    from services.executor.sampling_state import SeenTokens
+    seen = SeenTokens([1, 2], [])
+    for t in range(100):
+        seen.add(t % 40)
+    counts = dict(zip(seen.tokens[:seen.n].tolist(), seen.counts[:seen.n].tolist()))
+    assert seen.n == 40 and counts[1] == 3 and counts[39] == 2
