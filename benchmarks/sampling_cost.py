@@ -163,11 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = output.parser(__doc__)
     ap.add_argument("--rounds", type=int, default=None, help="rounds (at least 2)")
     ap.add_argument("--steps", type=int, default=None, help="decode steps per mode and round")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU intra-op threads (1: no thread thrash on a shared machine)")
     args = ap.parse_args(argv)
     out = output.outputs(args, NAME)
     params = dict(QUICK if args.quick else FULL)
     params["rounds"] = max(2, args.rounds or params["rounds"])
     params["steps"] = args.steps or params["steps"]
+    params["threads"] = args.threads
+    import torch
+    torch.set_num_threads(args.threads)
     start, t0 = stamp.take(), time.perf_counter()
     result = measure(params)
     run_stamp = stamp.finish(start, time.perf_counter() - t0)

@@ -207,3 +207,26 @@ def test_the_commit_is_dirty_for_changed_code_not_for_the_results_written(tmp_pa
     assert not stamp.commit(tmp_path).endswith("-dirty")
     (tmp_path / "code.py").write_text("x = 2\n")
     assert stamp.commit(tmp_path).endswith("-dirty")
+
+
+def test_sampling_cost_section_gives_each_modes_overhead_range():
+    from benchmarks import sampling_cost
+    rounds = [{str(b): {"greedy": 0.010 * k, "penalties+logprobs": 0.0103 * k,
+                        "json_schema": 0.012 * k} for b in (1, 64)} for k in (1.0, 2.0)]
+    result = {"model": "opt-125m", "dtype": "float32", "attention_backend": "cpu",
+              "rounds": rounds}
+    params = {**sampling_cost.FULL, "rounds": 2}
+    sec = sampling_cost.section(result, params, cpu_stamp(0.0))
+    assert "at most +3.0% over plain greedy" in sec.text
+    assert "| 1 | 10.00-20.00 | 10.30-20.60 | 12.00-24.00 | +3.0% to +3.0% | +20.0% to +20.0% |" \
+        in sec.tables[0][1]
+
+
+def test_sampling_cost_quick_runs_end_to_end(tmp_path):
+    from benchmarks import sampling_cost
+    assert sampling_cost.main(["--quick", "--steps", "2", "--docs", str(tmp_path),
+                               "--raw", str(tmp_path / "raw")]) == 0
+    data = json.loads((tmp_path / "results" / "sampling_cost.json").read_text())
+    assert len(data["result"]["rounds"]) == 2
+    assert set(data["result"]["rounds"][0]["1"]) == set(sampling_cost.MODES)
+    assert "sampling_cost" in page.section_names((tmp_path / "results.md").read_text())
