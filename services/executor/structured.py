@@ -47,8 +47,9 @@ def check_structured_output(kind: str, schema: str) -> None:
     try:
         _xgr().Grammar.from_json_schema(schema, strict_mode=True)
     except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError kinds
-        raise InvalidRequestError(f"response_format: the JSON schema cannot be compiled: "
-                                  f"{_LOG_PREFIX.sub('', str(exc).strip())}", field="response_format") from None
+        why = _LOG_PREFIX.sub("", str(exc).strip())
+        raise InvalidRequestError(f"response_format: the JSON schema cannot be compiled: {why}",
+                                  field="response_format") from None
 
 
 class GrammarCache:

@@ -123,8 +123,8 @@ async def test_abort_and_early_close_end_requests(front, served, monkeypatch):
     rest = [out async for out in stream]
     assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
     assert not await front.abort("ab")
-    async for _ in front.generate("closed early", SamplingParams(max_tokens=500, cap_max_tokens=True),
-                                 "early"):
+    early = SamplingParams(max_tokens=500, cap_max_tokens=True)
+    async for _ in front.generate("closed early", early, "early"):
         break                                   # the caller walks away: the request is aborted
     for _ in range(100):
         stats = await front.stats()
