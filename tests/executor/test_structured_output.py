@@ -123,3 +123,39 @@ def test_penalty_history_is_rebuilt_from_the_context_after_a_reset():
     rebuilt.observe([resumed])
     want = [(1, 0.0), (2, 0.0), (3, 0.0), (4, 2.0), (5, 1.0)]
     assert entries(steady.prepare([last])[0]) == entries(rebuilt.prepare([resumed])[0]) == want
+
+
+def test_the_grpc_executor_samples_as_the_in_process_one(engine):
+    """Penalties, logprobs, a seed and a grammar through ``executor.proto``: the same tokens
+    and log-probabilities as in process (the history travels as context_token_ids)."""
+    from tests.executor.remote import ServedExecutor
+    so = StructuredOutput("json_schema", json.dumps(SCHEMA))
+    params = {"pen": SamplingParams(temperature=1.0, seed=9, max_tokens=10, ignore_eos=True,
+                                    frequency_penalty=1.0, repetition_penalty=1.3, logprobs=3),
+              "json": SamplingParams(temperature=0.8, seed=4, max_tokens=60,
+                                     structured_output=so, logit_bias={5: -5.0})}
+    local = run(engine, {k: ("Hello there", p) for k, p in params.items()})
+    served = ServedExecutor(engine.executor)
+    try:
+        remote = LLMEngine(EngineConfig(model="opt-tiny", max_model_len=256),
+                           executor=served.client(), tokenizer=engine.tokenizer)
+        got = run(remote, {k + "-remote": ("Hello there", p) for k, p in params.items()})
+    finally:
+        served.stop()
+    for k in params:
+        assert got[k + "-remote"].token_ids == local[k].token_ids, k
+    for a, b in zip(got["pen-remote"].logprobs, local["pen"].logprobs):
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+        assert [lp for _, lp in a.top] == pytest.approx([lp for _, lp in b.top], abs=1e-5)
+
+
+def test_unseeded_sampling_differs_between_two_executors():
+    """Two executors of the same weights, as two restarts of a server: without a seed they
+    do not repeat each other."""
+    outs = []
+    for _ in range(2):
+        executor = json_executor(num_gpu_blocks=32, block_size=16, max_model_len=128)
+        eng = LLMEngine(EngineConfig(model="opt-tiny", max_model_len=128), executor=executor)
+        outs.append(run(eng, {"r": ("Hi", SamplingParams(temperature=1.0, max_tokens=16,
+                                                          ignore_eos=True))})["r"].token_ids)
+    assert outs[0] != outs[1]
