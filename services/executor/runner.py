@@ -66,6 +66,7 @@ class InProcessExecutor(Executor):
         self.sampler = Sampler()
         self.sampling_state = SamplingState(self.device, self._grammars)
         self._grammar_cache = None
+        self._history_ids: set[str] = set()     # requests whose sampling reads their history
         self.block_tables = BlockTables()
         self.swap_buffers: dict[str, torch.Tensor] = {}   # name -> host buffer, per slot
         self._replayed = False    # the last forward was a graph replay (greedy rows are ready)
@@ -159,8 +160,10 @@ class InProcessExecutor(Executor):
         self._validate(batch, tables)
         self.block_tables.commit(batch, tables)
         self._remember_verified(batch)
-        self.sampling_state.forget(batch.finished_request_ids)
-        self.sampling_state.observe(seqs)
+        if self._history_ids:     # a batch of plain requests skips this per-sequence loop
+            self.sampling_state.forget(batch.finished_request_ids)
+            self._history_ids.difference_update(batch.finished_request_ids)
+            self.sampling_state.observe(seqs)
         swap_s = self._swap(batch)
         self.kv.copy_blocks(batch.copy_blocks)
         if not seqs:
@@ -218,7 +221,7 @@ class InProcessExecutor(Executor):
                     and len(table) * bs >= end and min(toks) >= 0 and max(toks) < vocab):
                 self._validate_sequence(seq, table)
             if self._verified.get(seq.request_id) is not seq.sampling_params:
-                self._verify_params(seq.sampling_params)
+                self._verify_params(seq.request_id, seq.sampling_params)
         # Ids sent in this batch only: a delta's earlier blocks were checked when they came.
         sent = np.fromiter(chain.from_iterable(s.block_table for s in batch.sequences), np.int64)
         if sent.size and (sent.min() < 0 or sent.max() >= self.kv.num_blocks):
@@ -228,12 +231,14 @@ class InProcessExecutor(Executor):
         moved = [d for d, _ in batch.swap_out] + [d for _, d in batch.swap_in]
         self.kv.check_block_ids(moved, "swap")
 
-    def _verify_params(self, params) -> None:
+    def _verify_params(self, request_id: str, params) -> None:
         params.verify()
         if not params.plain:
             params.check_vocab(self.net.vocab_size)
             if params.structured_output is not None:
                 self._grammars()    # refuses here, before the KV pool is touched
+            if params.needs_history:
+                self._history_ids.add(request_id)
 
     def _remember_verified(self, batch: ExecutorInput) -> None:
         """Sampling parameters objects already verified, by request: the scheduler sends the
