@@ -13,6 +13,7 @@ JSON keeps every step's time and its sampling part.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
         params, result, run_stamp = saved["params"], saved["result"], saved["stamp"]
+        argv = shlex.split(saved["command"])[2:]    # the page names the run that measured
     else:
         start, t0 = stamp.take(), time.perf_counter()
         result = measure(params)

@@ -110,7 +110,8 @@ class Sampler:
         k = max((params[i].logprobs for i in want), default=0)
         parts = [tokens.double(), picked.double()]
         if want and k:
-            top = logprobs[want].topk(k, dim=-1)
+            rows = logprobs if len(want) == len(params) else logprobs[want]   # no copy if all
+            top = rows.topk(k, dim=-1)
             parts += [top.indices.double().flatten(), top.values.double().flatten()]
         flat = torch.cat(parts).cpu().tolist()
         n = len(params)
