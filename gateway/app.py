@@ -9,6 +9,7 @@ from gateway.chat import ChatFormatter
 from gateway.config import GatewayConfig
 from gateway.errors import install_handlers
 from gateway.guard import Guard
+from gateway.logprobs import TokenNames
 from gateway.metrics import GatewayMetrics
 from gateway.openapi import finish_schema
 from gateway.routes import router
@@ -23,6 +24,7 @@ def create_app(backend: SchedulerBackend, config: GatewayConfig, *, tokenizer=No
     app.state.metrics = GatewayMetrics()
     app.state.admission = AdmissionGate(backend, config.max_waiting, config.stats_interval_s)
     app.state.chat = ChatFormatter(tokenizer)
+    app.state.token_names = TokenNames(tokenizer)
     install_handlers(app)
     app.include_router(router)
     finish_schema(app, config)

@@ -32,6 +32,8 @@ class Generation:
         self.finish_reason: str | None = None
         self.prediction_source: str | None = None
         self.finished = False
+        self.logprobs: list | None = None      # every token's, when the request asked
+        self.delta_logprobs: list | None = None    # those of the output just taken
 
     @classmethod
     async def start(cls, backend, metrics: GatewayMetrics, prompt: Prompt,
@@ -67,6 +69,11 @@ class Generation:
 
     def _take(self, out: RequestOutput) -> tuple[str, str | None]:
         completion = out.outputs[0]
+        self.delta_logprobs = completion.logprobs
+        if completion.logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(completion.logprobs)
         if completion.token_ids and self.first_token_at is None:
             self.first_token_at = time.monotonic()
         self.num_prompt = len(out.prompt_token_ids)

@@ -1,5 +1,6 @@
-"""Request bodies of the OpenAI API, with vLLM's extensions (``top_k``, ``min_tokens``,
-``ignore_eos``) and lenserve's (``priority``, ``slo_ms``). Fields lenserve cannot honour are
+"""Request bodies of the OpenAI API, with vLLM's extensions (``top_k``, ``min_p``,
+``min_tokens``, ``ignore_eos``, ``repetition_penalty``, ``truncate_prompt_tokens``) and
+lenserve's (``priority``, ``slo_ms``, ``cap_max_tokens``). Fields lenserve cannot honour are
 accepted only at their neutral value (see ``sampling.refuse_unsupported``); unknown fields are
 ignored, as OpenAI's own server does.
 
@@ -38,12 +39,32 @@ def one_prompt(schema: dict) -> None:
                 items["minItems"] = 1
 
 
-NEUTRAL = dict(minimum=0, maximum=0)      # numbers accepted at their neutral value only
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 TokenIds = list[Annotated[int, Field(ge=0, le=2**31)]]
 
 
 STRICT = ConfigDict(extra="ignore", strict=True)
+MAX_LOGIT_BIAS_ENTRIES = 300        # OpenAI's limit
+MAX_LOGPROBS = 20
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: plain text, any JSON object, or JSON following a
+    schema (always strictly here, whatever ``strict`` says)."""
+
+    model_config = STRICT
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class StreamOptions(BaseModel):
@@ -69,10 +90,19 @@ class SamplingFields(BaseModel):
     n: Int64 = documented(1, minimum=1, maximum=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: Finite | None = documented(**NEUTRAL)
-    frequency_penalty: Finite | None = documented(**NEUTRAL)
-    logit_bias: dict[str, float] | None = documented(maxProperties=0)
-    logprobs: bool | int | None = documented(**NEUTRAL, **{"not": {"const": True}})
+    presence_penalty: Finite | None = documented(minimum=-2, maximum=2)
+    frequency_penalty: Finite | None = documented(minimum=-2, maximum=2)
+    repetition_penalty: Finite | None = documented(exclusiveMinimum=0, maximum=2)
+    min_p: Finite | None = documented(minimum=0, maximum=1)
+    # Token id (as a string, OpenAI's form) -> value added to its logit.
+    logit_bias: dict[str, Finite] | None = documented(
+        maxProperties=MAX_LOGIT_BIAS_ENTRIES, propertyNames={"pattern": "^[0-9]{1,9}$"},
+        additionalProperties={"minimum": -100, "maximum": 100})
+    response_format: ResponseFormat | None = None
+    # vLLM: keep the prompt's last k tokens (-1: as many as leave room for max_tokens).
+    truncate_prompt_tokens: Int64 | None = documented(minimum=-1, **{"not": {"const": 0}})
+    # lenserve: lower max_tokens to what fits beside the prompt instead of refusing.
+    cap_max_tokens: bool = False
     user: str | None = None
     # lenserve: the request's priority, handed to the scheduling policy as is; slo_ms is its
     # end-to-end latency target in milliseconds from arrival (the policy's slo_deadline_s).
@@ -82,6 +112,8 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | TokenIds | list[TokenIds] = Field(json_schema_extra=one_prompt)
+    # How many most likely tokens to report beside each sampled one (OpenAI allows 5).
+    logprobs: Int64 | None = documented(minimum=0, maximum=MAX_LOGPROBS)
     echo: bool = documented(False, **{"const": False})
     suffix: str | None = documented(maxLength=0)
     best_of: Int64 | None = documented(minimum=1, maximum=1)
@@ -110,4 +142,6 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     tools: list[dict] | None = documented(maxItems=0)
-    top_logprobs: Int64 | None = None
+    tool_choice: str | dict | None = documented(**{"enum": ["none", "auto"]})
+    logprobs: bool | None = None
+    top_logprobs: Int64 | None = documented(minimum=0, maximum=MAX_LOGPROBS)

@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.logprobs import TokenNames, chat_logprobs, completion_logprobs
+
 DONE = b"data: [DONE]\n\n"
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 _TEXT_MARK, _REASON_MARK = "\x00text", "\x00finish_reason"   # never in the envelope
@@ -73,25 +75,40 @@ class CompletionShape:
 
     prefix, object, chunk_object = "cmpl", "text_completion", "text_completion"
 
-    def __init__(self, model: str, request_id: str):
+    def __init__(self, model: str, request_id: str, names: TokenNames | None = None):
         self.model, self.id, self.created = model, request_id, int(time.time())
         self._frame: tuple[bytes, ...] | None = None
+        self.names = names or TokenNames()
+        self._offset = 0        # characters of the tokens whose logprobs were sent
+
+    def logprobs(self, entries: list | None):
+        if entries is None:
+            return None
+        out = completion_logprobs(entries, self.names, self._offset)
+        if out["tokens"]:
+            self._offset = out["text_offset"][-1] + len(out["tokens"][-1])
+        return out
 
     def envelope(self, obj: str, choices: list, usage: dict | None) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": choices, "usage": usage}
 
-    def full(self, text: str, finish_reason: str | None, usage: dict) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def full(self, text: str, finish_reason: str | None, usage: dict,
+             logprobs: list | None = None) -> dict:
+        choice = {"index": 0, "text": text, "logprobs": self.logprobs(logprobs),
+                  "finish_reason": finish_reason}
         return self.envelope(self.object, [choice], usage)
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def chunk(self, text: str, finish_reason: str | None, logprobs: list | None = None) -> dict:
+        choice = {"index": 0, "text": text, "logprobs": self.logprobs(logprobs),
+                  "finish_reason": finish_reason}
         return self.envelope(self.chunk_object, [choice], None)
 
-    def event(self, text: str, finish_reason: str | None) -> bytes:
-        """``sse(self.chunk(text, finish_reason))``, with the envelope encoded once per
-        request: only the text and the finish reason are encoded per token."""
+    def event(self, text: str, finish_reason: str | None, logprobs: list | None = None) -> bytes:
+        """``sse(self.chunk(text, finish_reason, logprobs))``, with the envelope encoded once
+        per request: only the text and the finish reason are encoded per token."""
+        if logprobs is not None:
+            return sse(self.chunk(text, finish_reason, logprobs))
         if self._frame is None:
             framed = sse(self.chunk(_TEXT_MARK, _REASON_MARK))
             text_mark, reason_mark = _encode(_TEXT_MARK).encode(), _encode(_REASON_MARK).encode()
@@ -115,14 +132,19 @@ class CompletionShape:
 class ChatShape(CompletionShape):
     prefix, object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
 
-    def full(self, text: str, finish_reason: str | None, usage: dict) -> dict:
+    def logprobs(self, entries: list | None):
+        return None if entries is None else chat_logprobs(entries, self.names)
+
+    def full(self, text: str, finish_reason: str | None, usage: dict,
+             logprobs: list | None = None) -> dict:
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": finish_reason}
+                  "logprobs": self.logprobs(logprobs), "finish_reason": finish_reason}
         return self.envelope(self.object, [choice], usage)
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict:
+    def chunk(self, text: str, finish_reason: str | None, logprobs: list | None = None) -> dict:
         delta = {"content": text} if text else {}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "delta": delta, "logprobs": self.logprobs(logprobs),
+                  "finish_reason": finish_reason}
         return self.envelope(self.chunk_object, [choice], None)
 
     def opening(self) -> dict:

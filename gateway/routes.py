@@ -77,7 +77,7 @@ async def serve(request: Request, body: SamplingFields, prompt: Prompt, shape_cl
     except APIError as err:
         state.metrics.requests.labels(endpoint, str(err.status)).inc()
         raise
-    shape = shape_cls(config.served_model_name, gen.request_id)
+    shape = shape_cls(config.served_model_name, gen.request_id, state.token_names)
     state.metrics.requests.labels(endpoint, "200").inc()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -109,7 +109,8 @@ async def whole(gen: Generation, shape: CompletionShape, request: Request) -> Re
         parts = collect.result()
     except Exception as exc:  # noqa: BLE001 - the scheduler failed mid-request
         raise failure(exc, gen.request_id) from None
-    return JSONResponse(shape.full("".join(parts), gen.finish_reason, gen.usage()))
+    return JSONResponse(shape.full("".join(parts), gen.finish_reason, gen.usage(),
+                                   gen.logprobs))
 
 
 async def _collect(gen: Generation) -> list[str]:
@@ -122,8 +123,8 @@ async def stream(gen: Generation, shape: CompletionShape, include_usage: bool):
         yield sse(opening)
     try:
         async for text, finish_reason in gen.deltas():
-            if text or finish_reason:
-                yield shape.event(text, finish_reason)
+            if text or finish_reason or gen.delta_logprobs:
+                yield shape.event(text, finish_reason, gen.delta_logprobs)
     except Exception as exc:  # noqa: BLE001 - headers are gone; say it in the stream
         err = failure(exc, gen.request_id)
         yield sse(error_body(err.status, err.message, code=err.code))

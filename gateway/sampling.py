@@ -2,13 +2,15 @@
 gateway's size limits. Every refusal names the parameter, so the client gets a 400 it can act on."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from gateway.config import GatewayConfig
 from gateway.errors import APIError
-from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from gateway.protocol import MAX_LOGPROBS, ChatCompletionRequest, CompletionRequest, SamplingFields
 from lenserve_contract.errors import InvalidRequestError
-from lenserve_contract.sampling_params import SamplingParams
+from lenserve_contract.sampling_params import SamplingParams, StructuredOutput
+from services.executor.structured import check_structured_output
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
@@ -33,20 +35,70 @@ def refuse_unsupported(req: SamplingFields) -> None:
     """Fields whose non-neutral values lenserve does not implement: refused, not ignored."""
     if req.n != 1:
         raise bad("n", "only n=1 is supported; send one request per sample")
-    if req.presence_penalty or req.frequency_penalty:
-        raise bad("presence_penalty" if req.presence_penalty else "frequency_penalty",
-                  "penalties are not supported")
-    if req.logit_bias:
-        raise bad("logit_bias", "not supported")
-    if req.logprobs not in (None, False, 0):
-        raise bad("logprobs", "not supported")
     if isinstance(req, CompletionRequest):
         if req.echo or req.suffix:
             raise bad("echo" if req.echo else "suffix", "not supported")
         if req.best_of not in (None, 1):
             raise bad("best_of", "only best_of=1 is supported")
-    if isinstance(req, ChatCompletionRequest) and req.tools:
-        raise bad("tools", "tool calls are not supported")
+    if isinstance(req, ChatCompletionRequest):
+        if req.tools:
+            raise bad("tools", "tool calls are not supported (tool_choice \"none\" without "
+                               "tools is accepted); ask for JSON with response_format instead")
+        if req.tool_choice not in (None, "none", "auto"):
+            raise bad("tool_choice", "tool calls are not supported")
+
+
+def logprobs(req: SamplingFields) -> int | None:
+    """How many top tokens to report: completions' ``logprobs: k``; chat's
+    ``logprobs: true`` with ``top_logprobs: k`` (0 without it)."""
+    if isinstance(req, ChatCompletionRequest):
+        if req.top_logprobs is not None and not req.logprobs:
+            raise bad("top_logprobs", "needs logprobs: true")
+        top = req.top_logprobs
+        value, name = (top or 0) if req.logprobs else None, "top_logprobs"
+    else:
+        value, name = req.logprobs, "logprobs"
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise bad(name, f"must be in [0, {MAX_LOGPROBS}], got {value}")
+    return value
+
+
+def logit_bias(req: SamplingFields) -> dict[int, float]:
+    bias = {}
+    for key, value in (req.logit_bias or {}).items():
+        if not key.isdigit() or len(key) > 9:
+            raise bad("logit_bias", f"keys must be token ids, got {key!r}")
+        if not -100 <= value <= 100:
+            raise bad("logit_bias", f"values must be in [-100, 100], got {value} for {key}")
+        bias[int(key)] = value
+    return bias
+
+
+def structured_output(req: SamplingFields) -> StructuredOutput | None:
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return StructuredOutput("json_object")
+    if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+        raise bad("response_format", "json_schema needs json_schema.schema")
+    schema = json.dumps(fmt.json_schema.json_schema)
+    try:
+        check_structured_output("json_schema", schema)
+    except InvalidRequestError as exc:
+        raise APIError(400, str(exc), "response_format", "invalid_value") from None
+    return StructuredOutput("json_schema", schema)
+
+
+def _range(req: SamplingFields, name: str, low: float, high: float, default: float,
+           low_open: bool = False) -> float:
+    value = getattr(req, name)
+    if value is None:
+        return default
+    if not (low < value if low_open else low <= value) or value > high:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise bad(name, f"must be in {interval}, got {value}")
+    return value
 
 
 def max_tokens(req: SamplingFields, default: int, limit: int) -> int:
@@ -77,12 +129,25 @@ def sampling_params(req: SamplingFields, default_max_tokens: int, limit: int) ->
         raise bad("min_tokens", f"must be in [0, max_tokens={n}], got {req.min_tokens}")
     if req.seed is not None and req.seed < 0:
         raise bad("seed", f"must be >= 0, got {req.seed}")
+    trunc = req.truncate_prompt_tokens
+    if trunc is not None and not (trunc == -1 or trunc >= 1):
+        raise bad("truncate_prompt_tokens", "must be -1 (fit the context) or >= 1")
+    # Without a max_tokens of the client's, the gateway's default is a bound, not a demand: it
+    # is lowered to fit beside a long prompt (vLLM's default fills the context likewise).
+    defaulted = req.max_tokens is None and req.max_completion_tokens is None
     try:
         return SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
             top_k=-1 if req.top_k is None else req.top_k, seed=req.seed, max_tokens=n,
-            min_tokens=req.min_tokens, stop=stop_strings(req.stop), ignore_eos=req.ignore_eos)
+            min_tokens=req.min_tokens, stop=stop_strings(req.stop), ignore_eos=req.ignore_eos,
+            min_p=_range(req, "min_p", 0, 1, 0.0), logprobs=logprobs(req),
+            presence_penalty=_range(req, "presence_penalty", -2, 2, 0.0),
+            frequency_penalty=_range(req, "frequency_penalty", -2, 2, 0.0),
+            repetition_penalty=_range(req, "repetition_penalty", 0, 2, 1.0, low_open=True),
+            logit_bias=logit_bias(req), structured_output=structured_output(req),
+            truncate_prompt_tokens=req.truncate_prompt_tokens,
+            cap_max_tokens=req.cap_max_tokens or defaulted)
     except InvalidRequestError as exc:
         raise APIError(400, str(exc), exc.field or None, exc.code) from None
 

@@ -5,12 +5,24 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Logprob:
+    """A sampled token's log-probability under the model (before temperature, penalties and
+    masks, as vLLM reports it by default) and the ``k`` most likely tokens at its position,
+    most likely first, as (token id, log-probability)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None   # "stop" | "length" | "abort" | "error" | None (running)
     stop_reason: int | str | None = None
+    logprobs: list[Logprob] | None = None   # one per token of token_ids, when requested
 
 
 @dataclass

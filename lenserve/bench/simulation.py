@@ -104,7 +104,8 @@ class _Replay:
                 f"needs {request.prompt_len + request.output_len} tokens of context; the "
                 f"simulated engine holds {self.limit} (model limit or KV pool)")))
             return
-        params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0)
+        params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0,
+                                cap_max_tokens=True)
         text = self.spec.prompt_text
         try:
             self.engine.add_request(

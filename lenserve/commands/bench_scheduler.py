@@ -44,7 +44,8 @@ def build(args: argparse.Namespace) -> Scheduler:
     rng = random.Random(args.seed)
     for i in range(args.num_requests):
         n = rng.randint(*args.prompt_len)
-        params = SamplingParams(max_tokens=rng.randint(*args.output_len), ignore_eos=True)
+        params = SamplingParams(max_tokens=rng.randint(*args.output_len), ignore_eos=True,
+                                cap_max_tokens=True)
         scheduler.add_request(Request(f"r{i}", [1] * n, params, arrival_time=0.0))
     return scheduler
 

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
-                            ignore_eos=args.ignore_eos)
+                            ignore_eos=args.ignore_eos, cap_max_tokens=True)
     llm = LLM(args.model, policy=args.policy, block_size=args.block_size,
               max_model_len=args.max_model_len,
               attention_backend=args.attention_backend, dtype=args.dtype, device=args.device,

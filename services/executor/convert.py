@@ -36,8 +36,7 @@ def output_to_proto(out: ExecutorOutput) -> pb.ExecuteResponse:
     t = out.timings
     return pb.ExecuteResponse(
         iteration=out.iteration,
-        sampled=[pb.SampledToken(request_id=rid, token_id=tok, logprob=out.logprobs.get(rid, 0.0))
-                 for rid, tok in out.sampled.items()],
+        sampled=[_sampled(out, rid, tok) for rid, tok in out.sampled.items()],
         timings=pb.IterationTimings(forward_s=t.forward_s, attention_s=t.attention_s,
                                     sample_s=t.sample_s, total_s=t.total_s, swap_s=t.swap_s,
                                     wave_attention_s=t.wave_attention_s))
@@ -47,8 +46,20 @@ def output_from_proto(msg: pb.ExecuteResponse) -> ExecutorOutput:
     t = msg.timings
     timings = IterationTimings(t.forward_s, t.attention_s, t.sample_s, t.total_s, t.swap_s,
                                list(t.wave_attention_s))
+    top = {s.request_id: list(zip(s.top_token_ids, s.top_logprobs))
+           for s in msg.sampled if s.has_logprobs}
     return ExecutorOutput(msg.iteration, {s.request_id: s.token_id for s in msg.sampled},
-                          {s.request_id: s.logprob for s in msg.sampled}, timings)
+                          {s.request_id: s.logprob for s in msg.sampled}, timings, top)
+
+
+def _sampled(out: ExecutorOutput, rid: str, token: int) -> pb.SampledToken:
+    msg = pb.SampledToken(request_id=rid, token_id=token, logprob=out.logprobs.get(rid, 0.0))
+    top = out.top_logprobs.get(rid)
+    if top is not None:
+        msg.has_logprobs = True
+        msg.top_token_ids.extend(t for t, _ in top)
+        msg.top_logprobs.extend(lp for _, lp in top)
+    return msg
 
 
 def _seq_to_proto(s: ScheduledSequence) -> pb.ScheduledSequence:
@@ -56,14 +67,15 @@ def _seq_to_proto(s: ScheduledSequence) -> pb.ScheduledSequence:
         request_id=s.request_id, token_ids=s.token_ids, num_computed_tokens=s.num_computed_tokens,
         block_table=s.block_table, sample=s.sample,
         sampling_params=sampling_params_to_proto(s.sampling_params),
-        num_output_tokens=s.num_output_tokens, block_table_is_delta=s.block_table_is_delta)
+        num_output_tokens=s.num_output_tokens, block_table_is_delta=s.block_table_is_delta,
+        context_token_ids=s.context_token_ids)
 
 
 def _seq_from_proto(m: pb.ScheduledSequence) -> ScheduledSequence:
     return ScheduledSequence(m.request_id, list(m.token_ids), m.num_computed_tokens,
                              list(m.block_table), m.sample,
                              sampling_params_from_proto(m.sampling_params), m.num_output_tokens,
-                             m.block_table_is_delta)
+                             m.block_table_is_delta, list(m.context_token_ids))
 
 
 def _moves(pairs: list[tuple[int, int]]) -> list[pb.BlockMove]:

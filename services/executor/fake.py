@@ -63,16 +63,19 @@ class FakeExecutor(Executor):
         self.block_tables.commit(batch, tables)
         for src, dst in batch.copy_blocks:
             self._kv[dst] = self._kv[src]
-        sampled = {}
+        sampled, top = {}, {}
         for seq, table in zip(batch.sequences, tables):
             self._write(table, seq.num_computed_tokens, seq.token_ids)
             if seq.sample:
                 context = self._read(table, seq.context_len)
-                sampled[seq.request_id] = self._next_token(context, seq)
+                token = sampled[seq.request_id] = self._next_token(context, seq)
+                if seq.sampling_params.logprobs is not None:
+                    top[seq.request_id] = _certain(token, seq.sampling_params.logprobs)
         iteration_s, token_s = self._costs
         num_tokens = sum(len(s.token_ids) for s in batch.sequences)
         cost = iteration_s + token_s * num_tokens
-        return ExecutorOutput(batch.iteration, sampled, timings=IterationTimings(total_s=cost))
+        return ExecutorOutput(batch.iteration, sampled, dict.fromkeys(sampled, 0.0),
+                              IterationTimings(total_s=cost), top)
 
     def _write(self, table: list[int], start: int, tokens: list[int]) -> None:
         bs = self.block_size
@@ -106,3 +109,11 @@ class FakeExecutor(Executor):
 
     def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
         self._kv[block_ids] = data[0, 0, :, :, 0, 0]
+
+
+def _certain(token: int, k: int) -> list[tuple[int, float]]:
+    """The fake model is certain of its token (log-probability 0); the alternatives it names
+    are the next printable bytes, each at -100 (as good as impossible)."""
+    others = [_FIRST_PRINTABLE + (token - _FIRST_PRINTABLE + i) % _NUM_PRINTABLE
+              for i in range(1, k)]
+    return [(token, 0.0)] + [(t, -100.0) for t in others][: max(0, k - 1)] if k else []

@@ -21,6 +21,7 @@ from services.executor.kv_cache import KVCachePool
 from services.executor.models.layers import AttentionContext
 from services.executor.models.loader import LoadedModel, load_model
 from services.executor.sampler import Sampler, SampleRequest
+from services.executor.sampling_state import SamplingState
 from services.executor.types import (
     ExecutorInput,
     ExecutorOutput,
@@ -60,7 +61,12 @@ class InProcessExecutor(Executor):
                               net.head_dim, self.loaded.dtype, str(self.device), scratch=graphs)
         self.graphs = (DecodeGraphs(net, self.kv, self.backend, self.max_model_len,
                                     max_graph_batch) if graphs else None)
-        self.sampler = Sampler(seed)
+        # ``seed`` makes the random weights of a preset; sampling without a request seed
+        # takes fresh entropy (a fixed stream would repeat the same text after each restart).
+        self.sampler = Sampler()
+        self.sampling_state = SamplingState(self.device, self._grammars)
+        self._grammar_cache = None
+        self._history_ids: set[str] = set()     # requests whose sampling reads their history
         self.block_tables = BlockTables()
         self.swap_buffers: dict[str, torch.Tensor] = {}   # name -> host buffer, per slot
         self._replayed = False    # the last forward was a graph replay (greedy rows are ready)
@@ -105,11 +111,14 @@ class InProcessExecutor(Executor):
         logits, ctx, forward_s, swap_s = self.forward_logits(batch)
         sample_start = time.perf_counter()
         sampling = [s for s in batch.sequences if s.sample]
-        if self._replayed and all(s.sampling_params.greedy for s in sampling):
+        top: dict[str, list[tuple[int, float]]] = {}
+        if self._replayed and all(s.sampling_params.greedy and s.sampling_params.plain
+                                  for s in sampling):
             tokens, logprobs = self.graphs.greedy(len(sampling))   # replayed from a graph
+        elif sampling:
+            tokens, logprobs, top = self._sample(logits, sampling)
         else:
-            reqs = [SampleRequest(s.sampling_params, s.num_output_tokens) for s in sampling]
-            tokens, logprobs = self.sampler.sample(logits, reqs) if reqs else ([], [])
+            tokens, logprobs = [], []
         end = time.perf_counter()
         ids = [s.request_id for s in sampling]
         timings = IterationTimings(
@@ -117,7 +126,30 @@ class InProcessExecutor(Executor):
             sample_s=end - sample_start, total_s=end - start, swap_s=swap_s,
             wave_attention_s=list(ctx.wave_attention_s) if ctx else [])
         return ExecutorOutput(batch.iteration, dict(zip(ids, tokens)), dict(zip(ids, logprobs)),
-                              timings)
+                              timings, top)
+
+    def _sample(self, logits: torch.Tensor, sampling: list[ScheduledSequence]):
+        reqs = [SampleRequest(s.sampling_params, s.num_output_tokens) for s in sampling]
+        state = self.sampling_state
+        penalties = mask = None
+        if len(state):
+            penalties, mask = state.prepare(sampling)
+        with torch.inference_mode():    # the logits are inference tensors, changed in place
+            out = self.sampler.sample(logits, reqs, penalties, mask)
+        if len(state):
+            state.advance(sampling, out)
+        top = {sampling[row].request_id: pairs for row, pairs in out.top.items()}
+        return out.tokens, out.logprobs, top
+
+    def _grammars(self):
+        """The grammar cache, made when the first request with structured output samples."""
+        if self._grammar_cache is None:
+            from services.executor.structured import GrammarCache
+            loaded = self.loaded            # a finished value may end on any EOS id
+            eos = list(loaded.eos_token_ids) or (
+                [] if loaded.eos_token_id is None else [loaded.eos_token_id])
+            self._grammar_cache = GrammarCache(self.tokenizer, self.net.vocab_size, eos)
+        return self._grammar_cache
 
     def forward_logits(self, batch: ExecutorInput
                        ) -> tuple[torch.Tensor, AttentionContext | None, float, float]:
@@ -129,6 +161,10 @@ class InProcessExecutor(Executor):
         self._validate(batch, tables)
         self.block_tables.commit(batch, tables)
         self._remember_verified(batch)
+        if self._history_ids:     # a batch of plain requests skips this per-sequence loop
+            self.sampling_state.forget(batch.finished_request_ids)
+            self._history_ids.difference_update(batch.finished_request_ids)
+            self.sampling_state.observe(seqs)
         swap_s = self._swap(batch)
         self.kv.copy_blocks(batch.copy_blocks)
         if not seqs:
@@ -186,7 +222,7 @@ class InProcessExecutor(Executor):
                     and len(table) * bs >= end and min(toks) >= 0 and max(toks) < vocab):
                 self._validate_sequence(seq, table)
             if self._verified.get(seq.request_id) is not seq.sampling_params:
-                seq.sampling_params.verify()
+                self._verify_params(seq.request_id, seq.sampling_params)
         # Ids sent in this batch only: a delta's earlier blocks were checked when they came.
         sent = np.fromiter(chain.from_iterable(s.block_table for s in batch.sequences), np.int64)
         if sent.size and (sent.min() < 0 or sent.max() >= self.kv.num_blocks):
@@ -195,6 +231,15 @@ class InProcessExecutor(Executor):
         self.kv.check_block_ids([b for pair in batch.copy_blocks for b in pair], "copy_blocks")
         moved = [d for d, _ in batch.swap_out] + [d for _, d in batch.swap_in]
         self.kv.check_block_ids(moved, "swap")
+
+    def _verify_params(self, request_id: str, params) -> None:
+        params.verify()
+        if not params.plain:
+            params.check_vocab(self.net.vocab_size)
+            if params.structured_output is not None:
+                self._grammars()    # refuses here, before the KV pool is touched
+            if params.needs_history:
+                self._history_ids.add(request_id)
 
     def _remember_verified(self, batch: ExecutorInput) -> None:
         """Sampling parameters objects already verified, by request: the scheduler sends the

@@ -28,6 +28,9 @@ class ScheduledSequence:
     sampling_params: SamplingParams
     num_output_tokens: int = 0      # advances the per-request seeded RNG deterministically
     block_table_is_delta: bool = False
+    # With a whole table (not a delta), for a request whose sampling reads its earlier tokens
+    # (penalties, a grammar): the tokens already in the KV cache, before ``token_ids``.
+    context_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -74,6 +77,8 @@ class ExecutorOutput:
     sampled: dict[str, int]                     # request_id -> token, for sequences with sample=True
     logprobs: dict[str, float] = field(default_factory=dict)
     timings: IterationTimings = field(default_factory=IterationTimings)
+    # Requests that asked for logprobs: the most likely (token, logprob) pairs at the step.
+    top_logprobs: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from lenserve_contract.convert import sampling_params_from_proto, sampling_params_to_proto
+from lenserve_contract.convert import (
+    logprob_from_proto,
+    logprob_to_proto,
+    sampling_params_from_proto,
+    sampling_params_to_proto,
+)
 from lenserve_contract.errors import InvalidRequestError
 from lenserve_contract.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from lenserve_contract.proto import common_pb2, scheduler_pb2
@@ -68,6 +73,8 @@ def chunk_from_output(out: RequestOutput, num_output_tokens: int,
         finish_reason=FINISH_TO_PB[c.finish_reason],
         num_prompt_tokens=len(out.prompt_token_ids), num_output_tokens=num_output_tokens,
         prompt_token_ids=out.prompt_token_ids if first else ())
+    if c.logprobs:
+        chunk.logprobs.extend(logprob_to_proto(e) for e in c.logprobs)
     if isinstance(c.stop_reason, str):
         chunk.stop_string = c.stop_reason
     elif isinstance(c.stop_reason, int):
@@ -111,7 +118,8 @@ def output_from_chunk(chunk: common_pb2.TokenChunk, prompt: str | None,
     completion = CompletionOutput(
         index=0, text=chunk.text, token_ids=list(chunk.token_ids),
         finish_reason=FINISH_FROM_PB.get(chunk.finish_reason),
-        stop_reason=getattr(chunk, which) if which else None)
+        stop_reason=getattr(chunk, which) if which else None,
+        logprobs=[logprob_from_proto(e) for e in chunk.logprobs] if chunk.logprobs else None)
     error = chunk.error.message if chunk.HasField("error") else None
     return RequestOutput(chunk.request_id, prompt, prompt_token_ids, [completion],
                          chunk.finished, metrics, error)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from lenserve_contract.errors import InvalidRequestError
-from lenserve_contract.outputs import CompletionOutput, RequestOutput
+from lenserve_contract.outputs import CompletionOutput, Logprob, RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
 from services.executor.interface import Executor, ExecutorUnavailableError
 from services.executor.types import ExecutorOutput
@@ -25,6 +25,7 @@ from services.predictor.types import Completion
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.detokenizer import IncrementalDetokenizer
 from services.scheduler.output import SchedulerOutput
+from services.scheduler.params_check import check_length, check_params, truncate_prompt
 from services.scheduler.predictions import PredictionPump
 from services.scheduler.profile import StepProfile
 from services.scheduler.request import FinishReason, Request
@@ -37,12 +38,15 @@ _INT_TYPE = frozenset({int})
 class _Stream:
     """Engine-side state of one request: its text and what was already reported."""
 
-    __slots__ = ("delta", "detok", "num_sent", "prompt", "request")
+    __slots__ = ("delta", "detok", "logprobs", "num_sent", "prompt", "request")
 
     def __init__(self, request: Request, prompt: str | None, detok: IncrementalDetokenizer,
                  delta: bool):
         self.request, self.prompt, self.detok, self.delta = request, prompt, detok, delta
         self.num_sent = 0
+        # One per output token, when the request asked for logprobs.
+        self.logprobs: list[Logprob] | None = (
+            None if request.sampling_params.logprobs is None else [])
 
 
 class EngineCore:
@@ -96,7 +100,10 @@ class EngineCore:
             raise InvalidRequestError(f"sampling_params must be SamplingParams, got "
                                       f"{type(params).__name__}", field="sampling_params")
         params.verify()
-        token_ids = self._prompt_tokens(prompt, prompt_token_ids)
+        check_params(params, self.model_info.vocab_size, self.tokenizer)
+        limit = self.scheduler.config.max_model_len
+        token_ids = truncate_prompt(self._prompt_tokens(prompt, prompt_token_ids), params, limit)
+        check_length(len(token_ids), params, limit)
         arrival = self.clock() if arrival_time is None else arrival_time
         request = Request(request_id, token_ids, params, arrival,
                           eos_token_id=(self.model_info.eos_token_ids
@@ -193,6 +200,8 @@ class EngineCore:
         t3 = time.perf_counter()
         failed += self._finish_swaps()
         updated = scheduler.update_from_output(out, result, self.clock())
+        if result.top_logprobs:
+            self._record_logprobs(result)
         if self.finished_outputs_only:
             updated = scheduler.finished_in_update
         outputs = failed + [self._make_output(r) for r in updated]
@@ -203,6 +212,13 @@ class EngineCore:
         if self.predictions is not None:
             self.profile.predictor_s = self.predictions.busy_s
         return outputs
+
+    def _record_logprobs(self, result: ExecutorOutput) -> None:
+        for rid, top in result.top_logprobs.items():
+            stream = self._streams.get(rid)
+            # A request aborted while the iteration ran did not take its token.
+            if stream is not None and len(stream.logprobs) < stream.request.num_output_tokens:
+                stream.logprobs.append(Logprob(result.sampled[rid], result.logprobs[rid], top))
 
     def _execute(self, out: SchedulerOutput) -> ExecutorOutput:
         if self._execute_scheduled is not None:
@@ -309,7 +325,8 @@ class EngineCore:
         completion = CompletionOutput(
             index=0, text=text, token_ids=request.output_token_ids[start:],
             finish_reason=request.finish_reason.value if finished else None,
-            stop_reason=request.stop_reason)
+            stop_reason=request.stop_reason,
+            logprobs=None if stream.logprobs is None else stream.logprobs[start:])
         if finished:
             del self._streams[request.request_id]
             self._on_finished(request, stream)

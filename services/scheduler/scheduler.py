@@ -167,6 +167,8 @@ class Scheduler:
             seqs.append(ScheduledSequence(rid, tokens[start:end], start, blocks,
                                           end == len(tokens), req.sampling_params,
                                           len(tokens) - req.num_prompt_tokens, delta))
+            if not delta and start and req.sampling_params.needs_history:
+                seqs[-1].context_token_ids = tokens[:start]   # the executor rebuilds from it
         forget, self._forget = self._forget, []
         return ExecutorInput(iteration=output.iteration, sequences=seqs,
                              finished_request_ids=forget, waves=output.waves)

@@ -294,3 +294,28 @@ def test_prefix_caching_quick_runs_both_parts_and_publishes_one_section(tmp_path
     assert all(r["summary"]["prefix_cache_hits"] > 0 for r in device)
     assert 0 < record["ideal_hit_rate"] < 1
     assert section_count(out.page.read_text(), "prefix_caching") == 1
+
+
+def test_sampling_cost_section_gives_each_modes_overhead_range():
+    from benchmarks import sampling_cost
+    rounds = [{str(b): {"greedy": 0.010 * k, "penalties+logprobs": 0.0103 * k,
+                        "json_schema": 0.012 * k} for b in (1, 64)} for k in (1.0, 2.0)]
+    steps = {f"{b}/{m}": [(0.01, s), (0.02, s)] for b in (1, 64)
+             for m, s in zip(sampling_cost.MODES, (0.001, 0.0012, 0.003))}
+    result = {"model": "opt-125m", "dtype": "float32", "attention_backend": "cpu",
+              "rounds": rounds, "steps_total_and_sample_s": steps}
+    params = {**sampling_cost.FULL, "rounds": 2}
+    sec = sampling_cost.section(result, params, cpu_stamp(0.0))
+    assert "at most +3.0% over plain greedy" in sec.text and "at most +2.0% of a greedy" in sec.text
+    assert ("| 1 | 10.0-20.0 | 10.3-20.6 | 12.0-24.0 | +3.0% to +3.0% | +20.0% to +20.0% | "
+            "1.00 / 1.20 / 3.00 | +2.0% | +20.0% |") in sec.tables[0][1]
+
+
+def test_sampling_cost_quick_runs_end_to_end(tmp_path):
+    from benchmarks import sampling_cost
+    assert sampling_cost.main(["--quick", "--steps", "2", "--docs", str(tmp_path),
+                               "--raw", str(tmp_path / "raw")]) == 0
+    data = json.loads((tmp_path / "results" / "sampling_cost.json").read_text())
+    assert len(data["result"]["rounds"]) == 2
+    assert set(data["result"]["rounds"][0]["1"]) == set(sampling_cost.MODES)
+    assert "sampling_cost" in page.section_names((tmp_path / "results.md").read_text())

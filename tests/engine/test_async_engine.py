@@ -49,7 +49,8 @@ async def test_bad_request_raises_and_other_streams_continue(engine):
 
 
 async def test_abort_ends_the_stream(engine):
-    stream = engine.generate("long one", SamplingParams(max_tokens=10_000, ignore_eos=True), "x")
+    params = SamplingParams(max_tokens=10_000, ignore_eos=True, cap_max_tokens=True)
+    stream = engine.generate("long one", params, "x")
     first = await stream.__anext__()
     assert not first.finished
     assert await engine.abort("x")
@@ -59,7 +60,8 @@ async def test_abort_ends_the_stream(engine):
 
 
 async def test_closing_the_stream_early_aborts_the_request(engine):
-    stream = engine.generate("long one", SamplingParams(max_tokens=10_000), "y")
+    stream = engine.generate("long one", SamplingParams(max_tokens=10_000, cap_max_tokens=True),
+                             "y")
     await stream.__anext__()
     await stream.aclose()
     stats = await engine.stats()

@@ -48,15 +48,27 @@ def test_stop_string_truncates_text_before_it(transport):
 
 def test_eos_ends_generation_unless_ignored(transport):
     engine = make_engine(eos_period=5, transport=transport)
-    out = generate_all(engine, ["hello"], max_tokens=200)["0"]
+    out = generate_all(engine, ["hello"], max_tokens=200, cap_max_tokens=True)["0"]
     assert out.finish_reason == "stop" and out.token_ids[-1] == CharTokenizer().eos_token_id
     ignored = generate_all(make_engine(eos_period=5), ["hello"], max_tokens=40, ignore_eos=True)["0"]
     assert ignored.finish_reason == "length" and len(ignored.token_ids) == 40
 
 
-def test_context_length_ends_generation():
-    out = generate_all(make_engine(max_model_len=16), ["0123456789"], max_tokens=100)["0"]
+def test_context_length_ends_generation_when_the_request_lets_max_tokens_be_capped():
+    out = generate_all(make_engine(max_model_len=16), ["0123456789"], max_tokens=100,
+                       cap_max_tokens=True)["0"]
     assert out.finish_reason == "length" and len(out.token_ids) == 6
+    with pytest.raises(InvalidRequestError, match="maximum context length is 16") as err:
+        generate_all(make_engine(max_model_len=16), ["0123456789"], max_tokens=100)
+    assert (err.value.field, err.value.code) == ("max_tokens", "context_length_exceeded")
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens():
+    engine = make_engine(max_model_len=16)
+    engine.add_request("t", prompt="0123456789", sampling_params=SamplingParams(
+        temperature=0, max_tokens=10, truncate_prompt_tokens=-1))
+    out = run_to_completion(engine)["t"]
+    assert out.prompt_token_ids == list(b"456789") and len(out.outputs[0].token_ids) == 10
 
 
 def test_bad_input_is_refused_with_a_named_field_and_others_keep_running():
@@ -68,7 +80,9 @@ def test_bad_input_is_refused_with_a_named_field_and_others_keep_running():
         ({"prompt": "x" * 16}, "prompt", "context length"),
         ({}, "prompt", "required"),
         ({"prompt_token_ids": [1, 999]}, "prompt_token_ids", "999"),
-        ({"prompt": "hi", "request_id": "good"}, "request_id", "already in use"),
+        ({"prompt": "hi", "request_id": "good",
+          "sampling_params": SamplingParams(max_tokens=4)}, "request_id", "already in use"),
+        ({"prompt": "hi"}, "max_tokens", "maximum context length"),
     ]
     for kwargs, field, words in cases:
         rid = kwargs.pop("request_id", "bad")

@@ -14,7 +14,8 @@ def req(**kw) -> SampleRequest:
 
 def test_greedy_is_the_argmax_of_each_row():
     logits = torch.randn(5, 50)
-    tokens, logprobs = Sampler().sample(logits, [req(temperature=0.0)] * 5)
+    out = Sampler().sample(logits, [req(temperature=0.0)] * 5)
+    tokens, logprobs = out.tokens, out.logprobs
     assert tokens == logits.argmax(-1).tolist()
     want = torch.log_softmax(logits, -1).max(-1).values
     assert torch.allclose(torch.tensor(logprobs), want)
@@ -24,7 +25,7 @@ def test_top_k_samples_only_the_k_most_likely():
     logits = torch.randn(1, 100)
     top = set(logits[0].topk(3).indices.tolist())
     sampler = Sampler(seed=1)
-    draws = {sampler.sample(logits, [req(temperature=5.0, top_k=3)])[0][0] for _ in range(200)}
+    draws = {sampler.sample(logits, [req(temperature=5.0, top_k=3)]).tokens[0] for _ in range(200)}
     assert draws <= top and len(draws) > 1
 
 
@@ -38,26 +39,26 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 def test_top_p_draws_stay_in_the_nucleus():
     logits = torch.log(torch.tensor([[0.6, 0.3, 0.06, 0.04]]))
     sampler = Sampler(seed=2)
-    draws = {sampler.sample(logits, [req(top_p=0.8)])[0][0] for _ in range(200)}
+    draws = {sampler.sample(logits, [req(top_p=0.8)]).tokens[0] for _ in range(200)}
     assert draws == {0, 1}
 
 
 def test_seeded_tokens_do_not_depend_on_the_batch():
     logits = torch.randn(4, 1000)
-    alone = Sampler(seed=0).sample(logits[2:3], [req(seed=7, n=3)])[0][0]
+    alone = Sampler(seed=0).sample(logits[2:3], [req(seed=7, n=3)]).tokens[0]
     batch = [req(temperature=0.0), req(), req(seed=7, n=3), req(seed=8)]
-    together = Sampler(seed=99).sample(logits, batch)[0][2]
+    together = Sampler(seed=99).sample(logits, batch).tokens[2]
     assert alone == together
 
 
 def test_seeded_tokens_advance_with_the_output_count():
     logits = torch.zeros(1, 1000)  # uniform: only the seed decides
-    draws = [Sampler().sample(logits, [req(seed=5, n=n)])[0][0] for n in range(6)]
-    again = [Sampler().sample(logits, [req(seed=5, n=n)])[0][0] for n in range(6)]
+    draws = [Sampler().sample(logits, [req(seed=5, n=n)]).tokens[0] for n in range(6)]
+    again = [Sampler().sample(logits, [req(seed=5, n=n)]).tokens[0] for n in range(6)]
     assert draws == again and len(set(draws)) > 1
 
 
 def test_unseeded_draws_vary():
     sampler = Sampler(seed=0)
     logits = torch.zeros(1, 1000)
-    assert len({sampler.sample(logits, [req()])[0][0] for _ in range(10)}) > 1
+    assert len({sampler.sample(logits, [req()]).tokens[0] for _ in range(10)}) > 1

@@ -56,7 +56,19 @@ def test_oversize_chunked_body_is_413(live):
     ({"prompt": "x", "temperature": -1}, "temperature"),
     ({"prompt": "x", "top_p": 0}, "top_p"),
     ({"prompt": "x", "n": 2}, "n"),
-    ({"prompt": "x", "logprobs": 2}, "logprobs"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "x", "min_p": 1.5}, "min_p"),
+    ({"prompt": "x", "logit_bias": {"300": 1}}, "logit_bias"),      # the fake's vocab is 257
+    ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias"),
+    ({"prompt": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"prompt": "y" * 1990, "max_tokens": 512}, "max_tokens"),     # beyond the 2048 context
+    ({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
+        "name": "n", "schema": {"type": "objec"}}}}, "response_format"),
+    ({"prompt": "x", "response_format": {"type": "json_schema"}}, "response_format"),
     ({"prompt": "x", "stop": [""]}, "stop"),
     ({"prompt": "x", "min_tokens": 99, "max_tokens": 3}, "min_tokens"),
     ({"prompt": "x", "slo_ms": -5}, "slo_ms"),
@@ -83,6 +95,9 @@ def test_bad_completion_params_are_400(live, body, param):
     {"messages": []},
     {"messages": [{"role": "wizard", "content": "x"}]},
     {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+    {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+    {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+    {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
     {"messages": "hello"},
 ])
 def test_bad_chat_bodies_are_400(live, body):

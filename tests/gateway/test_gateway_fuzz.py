@@ -39,7 +39,19 @@ SAMPLING = {
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}) | json_values,
     "ignore_eos": st.booleans(), "priority": small_ints | json_values,
     "slo_ms": floats | small_ints, "logprobs": st.none() | st.booleans() | small_ints,
-    "presence_penalty": floats, "logit_bias": json_values, "unknown_field": json_values,
+    "presence_penalty": floats, "unknown_field": json_values,
+    "frequency_penalty": floats | json_values, "repetition_penalty": floats, "min_p": floats,
+    "top_logprobs": small_ints | json_values,
+    "logit_bias": json_values | st.dictionaries(
+        st.sampled_from(["1", "65", "256", "300", "-1", "x"]), floats, max_size=3),
+    "response_format": st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "json_object", "json_schema", "xml"])},
+        optional={"json_schema": st.fixed_dictionaries({}, optional={
+            "name": texts, "strict": st.booleans(),
+            "schema": json_values | st.sampled_from([{"type": "object"}, {"type": "objec"},
+                                                     {"enum": []}])})}) | json_values,
+    "truncate_prompt_tokens": small_ints | json_values, "cap_max_tokens": st.booleans(),
+    "tool_choice": st.sampled_from(["none", "auto", "required"]) | json_values,
 }
 prompts = texts | st.lists(st.integers(-5, 300), max_size=8) | st.lists(texts, max_size=2) | json_values
 

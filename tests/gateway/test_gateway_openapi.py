@@ -35,6 +35,22 @@ def test_schema_documents_the_real_statuses(live):
     assert "security" not in schema["paths"]["/health"]["get"]
 
 
+def test_schema_lists_the_sampling_parameters_and_their_limits(live):
+    schemas = httpx.get(live.url + "/openapi.json", headers=AUTH).json()["components"]["schemas"]
+    completion = schemas["CompletionRequest"]["properties"]
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    for name in ("presence_penalty", "frequency_penalty"):
+        assert (completion[name]["minimum"], completion[name]["maximum"]) == (-2, 2)
+    assert completion["repetition_penalty"]["exclusiveMinimum"] == 0
+    assert (completion["min_p"]["minimum"], completion["min_p"]["maximum"]) == (0, 1)
+    assert completion["logprobs"]["maximum"] == chat["top_logprobs"]["maximum"] == 20
+    assert completion["logit_bias"]["additionalProperties"] == {"minimum": -100, "maximum": 100}
+    for name in ("response_format", "seed", "truncate_prompt_tokens", "cap_max_tokens"):
+        assert name in completion and name in chat, name
+    assert set(schemas["ResponseFormat"]["properties"]["type"]["enum"]) == {
+        "text", "json_object", "json_schema"}
+
+
 @pytest.fixture(scope="module")
 def api(live):
     return schemathesis.openapi.from_url(live.url + "/openapi.json", headers=AUTH)

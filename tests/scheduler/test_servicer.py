@@ -116,13 +116,15 @@ async def test_bad_input_raises_invalid_request_with_its_field(front):
 
 async def test_abort_and_early_close_end_requests(front, served, monkeypatch):
     slow_iterations(served[0], monkeypatch)
-    stream = front.generate("abort me", SamplingParams(max_tokens=500, ignore_eos=True), "ab")
+    stream = front.generate("abort me", SamplingParams(max_tokens=500, ignore_eos=True,
+                                                              cap_max_tokens=True), "ab")
     first = await stream.__anext__()
     assert not first.finished and await front.abort("ab")
     rest = [out async for out in stream]
     assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
     assert not await front.abort("ab")
-    async for _ in front.generate("closed early", SamplingParams(max_tokens=500), "early"):
+    early = SamplingParams(max_tokens=500, cap_max_tokens=True)
+    async for _ in front.generate("closed early", early, "early"):
         break                                   # the caller walks away: the request is aborted
     for _ in range(100):
         stats = await front.stats()
@@ -265,7 +267,8 @@ async def test_closing_a_multiplexed_client_aborts_its_requests(served, monkeypa
     engine, target = served
     slow_iterations(engine, monkeypatch)
     client = AsyncClient(target, multiplex=True)
-    streams = [client.generate(f"long {i}", SamplingParams(max_tokens=500, ignore_eos=True))
+    streams = [client.generate(f"long {i}", SamplingParams(max_tokens=500, ignore_eos=True,
+                                                              cap_max_tokens=True))
                for i in range(3)]
     for stream in streams:
         assert not (await stream.__anext__()).finished
@@ -291,7 +294,8 @@ async def test_a_multiplexed_client_fails_fast_then_resubscribes_when_the_schedu
     server, target = await start_server(engine, port)
     async with AsyncClient(target, multiplex=True, retries=6, backoff_s=0.1) as client:
         assert len((await collect(client, "before", max_tokens=3))[0]) == 3
-        running = client.generate("cut off", SamplingParams(max_tokens=500, ignore_eos=True))
+        running = client.generate("cut off", SamplingParams(max_tokens=500, ignore_eos=True,
+                                                              cap_max_tokens=True))
         assert not (await running.__anext__()).finished
         await server.stop(grace=None)
         engine.shutdown()

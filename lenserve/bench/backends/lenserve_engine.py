@@ -66,7 +66,7 @@ class LenserveBackend(Backend):
         # Outputs are forced to the dataset's length, as the papers and vLLM's benchmark do.
         # Token ids only: the report counts tokens (hf-* backends produce no text either).
         params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0,
-                                detokenize=False)
+                                detokenize=False, cap_max_tokens=True)
         try:
             text = self._prompt_text(request.prompt_token_ids) if self._prompt_text else None
             self.engine.add_request(key, prompt=text,
