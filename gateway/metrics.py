@@ -40,6 +40,10 @@ STAT_COUNTERS = {
                             "completion records Kafka acknowledged"),
     "num_kafka_dropped": ("lenserve_kafka_completions_dropped",
                           "completion records dropped because the Kafka buffer was full"),
+    "num_upload_waits": ("lenserve_kv_upload_waits",
+                         "swap-ins an iteration waited for before it ran"),
+    "num_uploads_ahead": ("lenserve_kv_uploads_ahead",
+                          "swap-ins issued ahead of need, overlapping an iteration"),
 }
 
 

@@ -31,6 +31,8 @@ _ROWS: list[tuple[str, tuple[str, ...], str]] = [
     ("SLO attainment (%)", ("slo_attainment",), "{:.1%}"),
     ("SLO satisfaction ratio (%)", ("slo_satisfaction_ratio",), "{:.1%}"),
     ("Preemptions", ("num_preemptions",), "{:.0f}"),
+    ("Upload waits (swap-ins waited for)", ("num_upload_waits",), "{:.0f}"),
+    ("Uploads ahead of need", ("num_uploads_ahead",), "{:.0f}"),
 ]
 
 

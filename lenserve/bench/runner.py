@@ -49,6 +49,7 @@ def replay(backend: Backend, workload: Workload, config: RunnerConfig = RunnerCo
     done: list[RequestRecord] = []
     label = f"{backend.name} @ {request_rate:g} req/s"
     before = copy.copy(backend.profile())
+    counted = backend.counters()
     with tqdm(total=len(pending), desc=label, unit="req", disable=not config.show_progress) as bar:
         start = time.monotonic()
         while pending or backend.has_pending():
@@ -62,7 +63,10 @@ def replay(backend: Backend, workload: Workload, config: RunnerConfig = RunnerCo
     records = sorted((r.shifted(start) for r in done), key=lambda r: order.get(r.request_id, 0))
     after = backend.profile()
     profile = after.since(before) if after is not None and before is not None else None
-    return BackendRun(backend.name, request_rate, duration, records, profile,
+    counts = backend.counters()
+    stats = ({k: v - counted.get(k, 0) for k, v in counts.items()}
+             if counts is not None and counted is not None else None)
+    return BackendRun(backend.name, request_rate, duration, records, profile, stats=stats,
                       setup=backend.describe() or None)
 
 

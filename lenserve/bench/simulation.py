@@ -193,4 +193,6 @@ def simulate(spec: SimSpec, workload: Workload, request_rate: float,
     # The engine's StepProfile would time the simulator, not the simulated device: left out.
     return BackendRun(spec.name, request_rate, replay.clock.now, records, None,
                       {"num_preemptions": stats.num_preemptions,
-                       "num_iterations": stats.num_iterations})
+                       "num_iterations": stats.num_iterations,
+                       "num_upload_waits": stats.num_upload_waits,
+                       "num_uploads_ahead": stats.num_uploads_ahead})

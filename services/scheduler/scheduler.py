@@ -39,6 +39,10 @@ class SchedulerStats:
     num_kafka_published: int = 0          # records Kafka acknowledged
     num_kafka_buffered: int = 0           # records waiting for Kafka now
     num_kafka_dropped: int = 0            # oldest records dropped because the buffer was full
+    # Filled by the serving core: swap-ins an iteration waited for before it ran (uploads the
+    # policy did not issue ahead of need), and uploads issued ahead (overlapping an iteration).
+    num_upload_waits: int = 0
+    num_uploads_ahead: int = 0
 
 
 class Scheduler:

@@ -86,6 +86,11 @@ class Backend(ABC):
         """A cumulative ``StepProfile`` of where the backend's time went, if it keeps one."""
         return
 
+    def counters(self) -> dict | None:
+        """The engine's running totals (``SchedulerStats`` counters), if it keeps them: the
+        runner reports their growth over a run."""
+        return None
+
     def describe(self) -> dict:
         """What the started backend resolved its defaults to (``dtype`` "auto" depends on the
         machine), for the report and the result JSON; {} if it has nothing to add."""

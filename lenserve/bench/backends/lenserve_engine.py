@@ -12,6 +12,9 @@ from lenserve_contract.outputs import RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
 
 
+_COUNTERS = ("num_preemptions", "num_iterations", "num_upload_waits", "num_uploads_ahead")
+
+
 @dataclass
 class _InFlight:
     request: BenchRequest
@@ -104,6 +107,13 @@ class LenserveBackend(Backend):
 
     def profile(self):
         return getattr(self.engine, "profile", None)
+
+    def counters(self) -> dict | None:
+        stats = getattr(self.engine, "stats", None)
+        if stats is None:
+            return None
+        s = stats()
+        return {name: getattr(s, name) for name in _COUNTERS}
 
     def describe(self) -> dict:
         info = getattr(self.engine, "model_info", None)
