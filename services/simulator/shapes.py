@@ -64,11 +64,18 @@ def _llama(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSh
                       32000, 4096, "float16", 2, ffn_matrices=3)
 
 
+def _opt(name: str, layers: int, hidden: int, heads: int) -> ModelShape:
+    # OPT: ffn 4 x hidden, 50272-token vocabulary, 2048 positions, eos 2 (facebook/opt-* configs).
+    return ModelShape(name, "opt", layers, hidden, heads, heads, hidden // heads, 4 * hidden,
+                      50272, 2048, "float16", 2)
+
+
 MODEL_SHAPES: dict[str, ModelShape] = {
     "llama-2-7b": _llama("llama-2-7b", 32, 4096, 32, 11008),
     "llama-2-13b": _llama("llama-2-13b", 40, 5120, 40, 13824),
-    "opt-13b": ModelShape("opt-13b", "opt", 40, 5120, 40, 40, 128, 20480, 50272, 2048,
-                          "float16", 2),
+    "opt-2.7b": _opt("opt-2.7b", 32, 2560, 32),
+    "opt-6.7b": _opt("opt-6.7b", 32, 4096, 32),
+    "opt-13b": _opt("opt-13b", 40, 5120, 40),
 }
 
 
