@@ -62,7 +62,9 @@ def host_tier(spec: SimSpec, executor: SimExecutor, clock: VirtualClock) -> SimK
         raise ValueError("this profile has no swap measurements, so the host KV tier cannot be "
                          "simulated: re-run `lenserve profile` (it measures swaps now) or use "
                          "--swap-space 0")
-    return SimKVManager(KVManagerConfig(o.swap_space_gib, int8=o.kv_int8),
+    from services.scheduler.policies import wants_kv_int8
+    int8 = wants_kv_int8(spec.policy, list(o.policy_config), o.kv_int8)
+    return SimKVManager(KVManagerConfig(o.swap_space_gib, int8=int8),
                         executor.model_info(), link, clock)
 
 
