@@ -39,8 +39,10 @@ class SimSpec:
 def build_engine(spec: SimSpec, clock: VirtualClock) -> EngineCore:
     t, o = spec.target, spec.options
     blocks = num_gpu_blocks(spec)
+    charged = t.overheads
     executor = SimExecutor(t.shape, t.cost, clock, num_gpu_blocks=blocks,
-                           block_size=t.block_size)
+                           block_size=t.block_size,
+                           scheduler=charged.scheduler_for(spec.policy) if charged else None)
     # The oracle policy is defined by the true lengths, whatever --predictor says.
     predictor = "oracle" if spec.policy == "oracle" else o.predictor
     config = EngineConfig(
@@ -48,9 +50,15 @@ def build_engine(spec: SimSpec, clock: VirtualClock) -> EngineCore:
         block_size=t.block_size, num_gpu_blocks=blocks,
         max_num_batched_tokens=o.max_num_batched_tokens, max_num_seqs=o.max_num_seqs,
         max_model_len=max_model_len(spec), predictor=predictor,
-        predictor_seed=o.predictor_seed)
-    return EngineCore(**engine_parts(config, executor, kv_manager=host_tier(spec, executor, clock)),
-                      tokenizer=None, clock=clock, finished_outputs_only=True)
+        predictor_seed=o.predictor_seed, swap_space_gib=o.swap_space_gib, kv_int8=o.kv_int8)
+    engine = EngineCore(**engine_parts(config, executor,
+                                       kv_manager=host_tier(spec, executor, clock)),
+                        tokenizer=None, clock=clock, finished_outputs_only=True)
+    latency = charged.predictor_for(predictor) if charged else 0.0
+    if engine.predictions is not None and latency > 0:
+        from services.simulator.overheads import DelayedPredictions
+        engine.predictions = DelayedPredictions(engine.predictions, clock, latency)
+    return engine
 
 
 def host_tier(spec: SimSpec, executor: SimExecutor, clock: VirtualClock) -> SimKVManager | None:

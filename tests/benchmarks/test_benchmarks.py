@@ -207,3 +207,22 @@ def test_the_commit_is_dirty_for_changed_code_not_for_the_results_written(tmp_pa
     assert not stamp.commit(tmp_path).endswith("-dirty")
     (tmp_path / "code.py").write_text("x = 2\n")
     assert stamp.commit(tmp_path).endswith("-dirty")
+
+
+def test_sim_overheads_quick_writes_a_file_the_simulator_reads(tmp_path):
+    from benchmarks import sim_overheads
+    from services.simulator.overheads import load
+
+    out = tmp_path / "overheads.json"
+    assert sim_overheads.main(["--quick", "--out", str(out)]) == 0
+    charged = load(out)
+    assert set(charged.scheduler) == set(sim_overheads.POLICIES)
+    assert all(f.per_seq_s >= 0 and f.intercept_s >= 0 for f in charged.scheduler.values())
+    assert charged.predictor_for("embedded") > 0 and charged.int8_codec_bytes_per_s > 0
+    assert "sim_overheads" in charged.source
+
+
+def test_the_scheduler_fit_goes_through_the_medians():
+    from benchmarks.sim_overheads import fit
+    f = fit({1: [0.002, 0.002, 9.0], 5: [0.006], 9: [0.010]})
+    assert f["intercept_s"] == pytest.approx(0.001) and f["per_seq_s"] == pytest.approx(0.001)
