@@ -36,3 +36,13 @@ def test_unknown_hardware_or_shape():
         from_roofline("tpu", "llama-2-7b")
     with pytest.raises(ValueError, match="unknown model shape"):
         from_roofline("h100", "gpt-5")
+
+
+def test_alises_setting_leaves_opt_13b_little_kv_on_a_v100():
+    # Paper 001, Sec. 4.1: V100-32GB over PCIe 4.0 x16; OPT-13B's 24 GB of weights leave a
+    # few GiB of KV (memory pressure is the point), OPT-2.7B far more.
+    big, small = from_roofline("v100-32g", "opt-13b"), from_roofline("v100-32g", "opt-2.7b")
+    kv_gib = big.num_gpu_blocks * 16 * big.shape.kv_bytes_per_token() / 2**30
+    assert 2 < kv_gib < 6 and small.num_gpu_blocks > 10 * big.num_gpu_blocks
+    assert big.link.in_bytes_per_s == pytest.approx(0.8 * 32e9)
+    assert big.link.int8_codec_bytes_per_s > 10 * big.link.in_bytes_per_s
