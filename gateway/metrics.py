@@ -48,6 +48,10 @@ STAT_COUNTERS = {
                              "prompt tokens looked up in the prefix cache at admissions"),
     "prefix_cache_hits": ("lenserve_prefix_cache_hits",
                           "prompt tokens served from the prefix cache (prefill skipped)"),
+    "num_upload_waits": ("lenserve_kv_upload_waits",
+                         "swap-ins an iteration waited for before it ran"),
+    "num_uploads_ahead": ("lenserve_kv_uploads_ahead",
+                          "swap-ins issued ahead of need, overlapping an iteration"),
 }
 
 

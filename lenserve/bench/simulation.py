@@ -39,8 +39,10 @@ class SimSpec:
 def build_engine(spec: SimSpec, clock: VirtualClock) -> EngineCore:
     t, o = spec.target, spec.options
     blocks = num_gpu_blocks(spec)
+    charged = t.overheads
     executor = SimExecutor(t.shape, t.cost, clock, num_gpu_blocks=blocks,
-                           block_size=t.block_size)
+                           block_size=t.block_size,
+                           scheduler=charged.scheduler_for(spec.policy) if charged else None)
     # The oracle policy is defined by the true lengths, whatever --predictor says.
     predictor = "oracle" if spec.policy == "oracle" else o.predictor
     config = EngineConfig(
@@ -48,9 +50,16 @@ def build_engine(spec: SimSpec, clock: VirtualClock) -> EngineCore:
         block_size=t.block_size, num_gpu_blocks=blocks,
         max_num_batched_tokens=o.max_num_batched_tokens, max_num_seqs=o.max_num_seqs,
         max_model_len=max_model_len(spec), predictor=predictor,
-        predictor_seed=o.predictor_seed, enable_prefix_caching=o.enable_prefix_caching)
-    return EngineCore(**engine_parts(config, executor, kv_manager=host_tier(spec, executor, clock)),
-                      tokenizer=None, clock=clock, finished_outputs_only=True)
+        predictor_seed=o.predictor_seed, swap_space_gib=o.swap_space_gib, kv_int8=o.kv_int8,
+        enable_prefix_caching=o.enable_prefix_caching)
+    engine = EngineCore(**engine_parts(config, executor,
+                                       kv_manager=host_tier(spec, executor, clock)),
+                        tokenizer=None, clock=clock, finished_outputs_only=True)
+    latency = charged.predictor_for(predictor) if charged else 0.0
+    if engine.predictions is not None and latency > 0:
+        from services.simulator.overheads import DelayedPredictions
+        engine.predictions = DelayedPredictions(engine.predictions, clock, latency)
+    return engine
 
 
 def host_tier(spec: SimSpec, executor: SimExecutor, clock: VirtualClock) -> SimKVManager | None:
@@ -62,7 +71,9 @@ def host_tier(spec: SimSpec, executor: SimExecutor, clock: VirtualClock) -> SimK
         raise ValueError("this profile has no swap measurements, so the host KV tier cannot be "
                          "simulated: re-run `lenserve profile` (it measures swaps now) or use "
                          "--swap-space 0")
-    return SimKVManager(KVManagerConfig(o.swap_space_gib, int8=o.kv_int8),
+    from services.scheduler.policies import wants_kv_int8
+    int8 = wants_kv_int8(spec.policy, list(o.policy_config), o.kv_int8)
+    return SimKVManager(KVManagerConfig(o.swap_space_gib, int8=int8),
                         executor.model_info(), link, clock)
 
 
@@ -160,7 +171,9 @@ class _Replay:
         counters = counter_deltas({}, {"num_preemptions": stats.num_preemptions,
                                        "num_iterations": stats.num_iterations,
                                        "prefix_cache_queries": stats.prefix_cache_queries,
-                                       "prefix_cache_hits": stats.prefix_cache_hits})
+                                       "prefix_cache_hits": stats.prefix_cache_hits,
+                                       "num_upload_waits": stats.num_upload_waits,
+                                       "num_uploads_ahead": stats.num_uploads_ahead})
         return {**counters,
                 "kv_allocated_util": self.kv_allocated_s / weight,
                 "kv_used_util": self.kv_used_s / weight,

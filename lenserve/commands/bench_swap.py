@@ -29,7 +29,7 @@ from services.kvmanager.config import GIB, KVManagerConfig
 from services.kvmanager.core import InProcessKVManager
 from services.kvmanager.host_pool import host_block_bytes
 from services.kvmanager.host_store import BlockLayout
-from services.kvmanager.int8 import quantize
+from services.kvmanager.int8 import element_scale, quantize
 
 if TYPE_CHECKING:   # the model code imports transformers' models: only when this command runs
     from services.executor.runner import InProcessExecutor
@@ -149,10 +149,11 @@ def swap_times(executor: InProcessExecutor, args: argparse.Namespace, int8: bool
             t_out, t_in = one_round_trip(manager, args, rng, check if i == 0 else None)
             outs.append(t_out)
             ins.append(t_in)
+        link = manager.stats().link_bytes_out // (args.repeats + 1)
     finally:
         manager.close()
     return {"out_s": statistics.median(outs[1:]), "in_s": statistics.median(ins[1:]),
-            **check.result}
+            "link_bytes_each_way": link, **check.result}
 
 
 def one_round_trip(manager: InProcessKVManager, args, rng: random.Random, check=None):
@@ -183,6 +184,8 @@ class RoundTripCheck:
     def __init__(self, cache: torch.Tensor, int8: bool):
         self.cache, self.int8, self.result = cache, int8, {}
 
+    num_tokens = None       # the round trip swaps whole blocks
+
     def before(self, ids: list[int]) -> None:
         self.original = self.cache[:, :, ids].to("cpu", copy=True)
 
@@ -193,7 +196,7 @@ class RoundTripCheck:
             if err.max() > 0:
                 raise RuntimeError("the exact swap round trip changed the KV data")
             return
-        step = quantize(self.original).scale.float().unsqueeze(-3)
+        step = element_scale(quantize(self.original, self.num_tokens))
         self.result = {"int8_max_abs_error": float(err.max()),
                        "int8_max_error_in_steps": float((err / step).max()),
                        "int8_data_absmax": float(self.original.float().abs().max())}
@@ -288,8 +291,12 @@ def _bandwidth_lines(r: dict) -> list[str]:
 def _int8_lines(r: dict) -> list[str]:
     fp, q, dev = r["host_block_bytes_fp"], r["host_block_bytes_int8"], r["device_block_bytes"]
     i8 = r["int8"]
+    link_fp, link_q = r["fp"]["link_bytes_each_way"], i8["link_bytes_each_way"]
     return [f"  host bytes/block: exact {fp}, INT8 {q} (codes + 16-bit scale and offset per "
-            f"channel): {fp / q:.3f}x fewer ({dev / q:.3f}x vs the device block)",
+            f"channel and group of blocks): {fp / q:.3f}x fewer ({dev / q:.3f}x vs the device "
+            f"block)",
+            f"  link bytes each way: exact {link_fp}, INT8 {link_q} (quantized before the copy "
+            f"out): {link_fp / max(link_q, 1):.3f}x fewer",
             f"  INT8 max abs error {i8['int8_max_abs_error']:.3g} on N(0,1) blocks "
             f"(|x| <= {i8['int8_data_absmax']:.3g}): "
             f"{i8['int8_max_error_in_steps']:.3f} quantization steps"]

@@ -53,6 +53,11 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="cpu",
                    help="the device of the run modelled, as `bench --device` (a profile measured "
                         "on another is noted on stderr)")
+    p.add_argument("--overheads", default=None,
+                   help="the scheduler's CPU time per iteration and the predictor's latency to "
+                        "charge, a JSON file as benchmarks/sim_overheads.py writes (default: "
+                        "the measured services/simulator/data/overheads.json; none: charge "
+                        "nothing)")
     add_workload_arguments(p)
     add_engine_arguments(p)
     p.set_defaults(func=run_simulate)
@@ -72,7 +77,7 @@ def parse_sim_backends(text: str) -> list[tuple[str, str]]:
 
 
 def sim_target(args: argparse.Namespace):
-    from services.simulator.target import from_profile, from_roofline, with_blocks
+    from services.simulator.target import from_profile, from_roofline, with_blocks, with_overheads
     if bool(args.hardware) != bool(args.model_shape):
         raise ValueError("--hardware and --model-shape go together (roofline mode)")
     if args.hardware and args.profile:
@@ -87,7 +92,7 @@ def sim_target(args: argparse.Namespace):
     else:
         with resources.as_file(resources.files("lenserve.data") / DEFAULT_PROFILE) as path:
             target = from_profile(str(path), args.model)
-    return with_blocks(target, args.num_gpu_blocks)
+    return with_overheads(with_blocks(target, args.num_gpu_blocks), args.overheads)
 
 
 def run_simulate(args: argparse.Namespace) -> int:

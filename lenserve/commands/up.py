@@ -97,6 +97,12 @@ def _grpc_spec(name: str, module: tuple[str, ...], host: str, port: int, *flags)
     return ServiceSpec(name, argv, f"grpc://{target}", partial(grpc_health, target))
 
 
+def _kv_int8(args: argparse.Namespace) -> bool:
+    # --kv-int8 and the policy's kv_int8 option are one setting (the kvmanager's --int8).
+    from services.scheduler.policies import wants_kv_int8
+    return wants_kv_int8(args.policy, list(args.policy_config or ()), args.kv_int8)
+
+
 def build_specs(args: argparse.Namespace) -> list[ServiceSpec]:
     host = args.host
     # The published ports first: a taken one stops `up` before any service has started.
@@ -110,7 +116,7 @@ def build_specs(args: argparse.Namespace) -> list[ServiceSpec]:
     if args.swap_space > 0:
         specs.append(_grpc_spec("kvmanager", ("services.kvmanager",), host, free_port(host),
                                 "--executor", specs[0].url, "--swap-space", str(args.swap_space),
-                                *(("--int8",) if args.kv_int8 else ())))
+                                *(("--int8",) if _kv_int8(args) else ())))
         kvmanager = ("--kvmanager", specs[-1].url)
     predictor = "none"
     if not args.no_predictor:

@@ -144,12 +144,16 @@ class ModelInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., family: _Optional[str] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., bytes_per_block: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., dtype: _Optional[str] = ..., attention_backend: _Optional[str] = ...) -> None: ...
 
 class BlockDataRequest(_message.Message):
-    __slots__ = ("block_ids", "shm_name")
+    __slots__ = ("block_ids", "shm_name", "int8", "num_tokens")
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    INT8_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     shm_name: str
-    def __init__(self, block_ids: _Optional[_Iterable[int]] = ..., shm_name: _Optional[str] = ...) -> None: ...
+    int8: bool
+    num_tokens: int
+    def __init__(self, block_ids: _Optional[_Iterable[int]] = ..., shm_name: _Optional[str] = ..., int8: _Optional[bool] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class BlockDataResponse(_message.Message):
     __slots__ = ("num_bytes", "error")

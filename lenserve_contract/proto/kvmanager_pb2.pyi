@@ -97,7 +97,7 @@ class KVStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class KVStats(_message.Message):
-    __slots__ = ("num_host_blocks", "num_free_host_blocks", "host_bytes_used", "int8", "num_swapped_requests", "bytes_swapped_out", "bytes_swapped_in")
+    __slots__ = ("num_host_blocks", "num_free_host_blocks", "host_bytes_used", "int8", "num_swapped_requests", "bytes_swapped_out", "bytes_swapped_in", "link_bytes_out", "link_bytes_in")
     NUM_HOST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_HOST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     HOST_BYTES_USED_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,8 @@ class KVStats(_message.Message):
     NUM_SWAPPED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     BYTES_SWAPPED_OUT_FIELD_NUMBER: _ClassVar[int]
     BYTES_SWAPPED_IN_FIELD_NUMBER: _ClassVar[int]
+    LINK_BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
+    LINK_BYTES_IN_FIELD_NUMBER: _ClassVar[int]
     num_host_blocks: int
     num_free_host_blocks: int
     host_bytes_used: int
@@ -112,7 +114,9 @@ class KVStats(_message.Message):
     num_swapped_requests: int
     bytes_swapped_out: int
     bytes_swapped_in: int
-    def __init__(self, num_host_blocks: _Optional[int] = ..., num_free_host_blocks: _Optional[int] = ..., host_bytes_used: _Optional[int] = ..., int8: _Optional[bool] = ..., num_swapped_requests: _Optional[int] = ..., bytes_swapped_out: _Optional[int] = ..., bytes_swapped_in: _Optional[int] = ...) -> None: ...
+    link_bytes_out: int
+    link_bytes_in: int
+    def __init__(self, num_host_blocks: _Optional[int] = ..., num_free_host_blocks: _Optional[int] = ..., host_bytes_used: _Optional[int] = ..., int8: _Optional[bool] = ..., num_swapped_requests: _Optional[int] = ..., bytes_swapped_out: _Optional[int] = ..., bytes_swapped_in: _Optional[int] = ..., link_bytes_out: _Optional[int] = ..., link_bytes_in: _Optional[int] = ...) -> None: ...
 
 class IntegrityRequest(_message.Message):
     __slots__ = ()

@@ -105,6 +105,27 @@ class ExecutorClient(Executor):
         request = executor_pb2.BlockDataRequest(block_ids=block_ids, shm_name=segment.name)
         self._call(self._stub.ImportBlocks, request, self.timeout_s)
 
+    def export_blocks_int8(self, block_ids: list[int], num_tokens: int | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+        """Quantized by the executor: the shared segment carries the packed INT8 bytes."""
+        segment, view = self._shared().byte_segment(self._packed_nbytes(len(block_ids)))
+        request = executor_pb2.BlockDataRequest(block_ids=block_ids, shm_name=segment.name,
+                                                int8=True, num_tokens=num_tokens or 0)
+        self._call(self._stub.ExportBlocks, request, self.timeout_s)
+        if out is None:
+            return view.clone()
+        if not _same_memory(out[:view.numel()], view):
+            out[:view.numel()].copy_(view)
+        return out
+
+    def import_blocks_int8(self, block_ids: list[int], data: torch.Tensor) -> None:
+        segment, view = self._shared().byte_segment(self._packed_nbytes(len(block_ids)))
+        if not _same_memory(data[:view.numel()], view):
+            view.copy_(data[:view.numel()])
+        request = executor_pb2.BlockDataRequest(block_ids=block_ids, shm_name=segment.name,
+                                                int8=True)
+        self._call(self._stub.ImportBlocks, request, self.timeout_s)
+
     def staging(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A host buffer in this thread's shared segment: a KV manager that stages blocks
         here moves them with no copy on this side."""

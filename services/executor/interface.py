@@ -38,5 +38,45 @@ class Executor(ABC):
     def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
         """Write host data laid out as by ``export_blocks`` into the given device blocks."""
 
+    def export_blocks_int8(self, block_ids: list[int], num_tokens: int | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+        """One request's device blocks, in order, quantized to channel-wise INT8 before they
+        leave the device, packed as ``services.kvmanager.int8.packed_views`` lays out (into
+        ``out``, a flat uint8 host buffer, when given). ``num_tokens``: KV tokens the blocks
+        hold (the rest of the last block is stale). This default quantizes on the host after a
+        full-precision export: an executor that can, quantizes where its KV lives."""
+        import torch
+
+        from services.kvmanager import int8
+        q = int8.quantize(self.export_blocks(block_ids), num_tokens)
+        buf = out if out is not None else torch.empty(self._packed_nbytes(len(block_ids)),
+                                                      dtype=torch.uint8)
+        for dst, src in zip(self._packed(buf, len(block_ids)), q):
+            dst.copy_(src)
+        return buf
+
+    def import_blocks_int8(self, block_ids: list[int], data: torch.Tensor) -> None:
+        """Dequantize packed INT8 blocks (``export_blocks_int8``'s form) into device blocks."""
+        from services.kvmanager import int8
+        views = self._packed(data, len(block_ids))
+        self.import_blocks(block_ids, int8.dequantize(views, _dtype(self.model_info())))
+
+    def _packed_nbytes(self, num_blocks: int) -> int:
+        from services.kvmanager import int8
+        info = self.model_info()
+        return int8.packed_nbytes(info.num_layers, num_blocks, info.block_size,
+                                  info.num_kv_heads * info.head_dim)
+
+    def _packed(self, buf: torch.Tensor, num_blocks: int):
+        from services.kvmanager import int8
+        info = self.model_info()
+        return int8.packed_views(buf, info.num_layers, num_blocks, info.block_size,
+                                 info.num_kv_heads, info.head_dim, _dtype(info))
+
     def close(self) -> None:
         """Release resources (sockets, device memory)."""
+
+
+def _dtype(info: ModelInfo):
+    import torch
+    return getattr(torch, info.dtype)

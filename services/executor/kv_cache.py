@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from lenserve_contract.sampling_params import InvalidRequestError
+from services.kvmanager import int8
 
 
 class KVCachePool:
@@ -102,6 +103,49 @@ class KVCachePool:
         # allocated in runs.
         for start, src, length in _runs(block_ids):
             self.cache[:, :, start:start + length].copy_(data[:, :, src:src + length])
+
+
+    # -- INT8 on the link (ALISE Eq. 8): quantized here, so the host copy carries INT8 -------
+
+    def packed_nbytes(self, num_blocks: int) -> int:
+        return int8.packed_nbytes(self.num_layers, num_blocks, self.block_size,
+                                  self.num_kv_heads * self.head_dim)
+
+    def _packed(self, buf: torch.Tensor, num_blocks: int) -> int8.QuantizedBlocks:
+        return int8.packed_views(buf, self.num_layers, num_blocks, self.block_size,
+                                 self.num_kv_heads, self.head_dim, self.cache.dtype)
+
+    def export_blocks_int8(self, block_ids: list[int], num_tokens: int | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """One request's blocks (in order) quantized where the pool lives, one layer at a
+        time, then copied to ``out`` (a flat uint8 host buffer of ``packed_nbytes``)."""
+        self.check_block_ids(block_ids)
+        n, device = len(block_ids), self.cache.device
+        nbytes = self.packed_nbytes(n)
+        direct = out is not None and out.device == device
+        buf = out[:nbytes] if direct else torch.empty(nbytes, dtype=torch.uint8, device=device)
+        views, idx = self._packed(buf, n), torch.tensor(block_ids, device=device)
+        for layer in range(self.num_layers):
+            q = int8.quantize(self.cache[layer].index_select(1, idx), num_tokens)
+            for dst, src in zip(views, q):
+                dst[layer].copy_(src)
+        if direct:
+            return out
+        if out is None:
+            return buf.to("cpu")
+        out[:nbytes].copy_(buf)
+        return out
+
+    def import_blocks_int8(self, block_ids: list[int], data: torch.Tensor) -> None:
+        """The inverse of ``export_blocks_int8``: the packed bytes go to the pool's device, where
+        they are dequantized into the blocks."""
+        self.check_block_ids(block_ids)
+        n, device = len(block_ids), self.cache.device
+        buf = data[:self.packed_nbytes(n)].to(device, non_blocking=True)
+        views, idx = self._packed(buf, n), torch.tensor(block_ids, device=device)
+        for layer in range(self.num_layers):
+            q = int8.QuantizedBlocks(*(v[layer] for v in views))
+            self.cache[layer].index_copy_(1, idx, int8.dequantize(q, self.cache.dtype))
 
 
 def _runs(block_ids: list[int]):

@@ -276,6 +276,13 @@ class InProcessExecutor(Executor):
     def import_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
         self.kv.import_blocks(block_ids, data)
 
+    def export_blocks_int8(self, block_ids: list[int], num_tokens: int | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.kv.export_blocks_int8(block_ids, num_tokens, out)
+
+    def import_blocks_int8(self, block_ids: list[int], data: torch.Tensor) -> None:
+        self.kv.import_blocks_int8(block_ids, data)
+
 
 def _meta_on(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata:
     if meta.seq_lens.device == device:

@@ -74,8 +74,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
         ids = list(request.block_ids)
         try:
             loop = asyncio.get_running_loop()
-            num_bytes = await loop.run_in_executor(self._mover, self._move_blocks,
-                                                   request.shm_name, ids, export)
+            num_bytes = await loop.run_in_executor(
+                self._mover, self._move_blocks, request.shm_name, ids, export,
+                request.int8, request.num_tokens or None)
         except InvalidRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc),
                                 trailing_metadata=((rpc.FIELD_METADATA_KEY, exc.field),))
@@ -84,7 +85,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
             await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
         return executor_pb2.BlockDataResponse(num_bytes=num_bytes)
 
-    def _move_blocks(self, name: str, block_ids: list[int], export: bool) -> int:
+    def _move_blocks(self, name: str, block_ids: list[int], export: bool, int8: bool = False,
+                     num_tokens: int | None = None) -> int:
         info = self.executor.model_info()
         bad = [b for b in block_ids if not 0 <= b < info.num_gpu_blocks]
         if bad:     # checked here: not every executor checks what it is asked to move
@@ -92,12 +94,27 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
                                       f"0..{info.num_gpu_blocks - 1}", field="block_ids")
         if self._segments is None:
             self._segments = AttachedSegments(info)
+        if int8:
+            return self._move_int8(name, block_ids, export, num_tokens)
         view = self._segments.view(name, len(block_ids))
         if export:
             self.executor.export_blocks(block_ids, out=view)
         else:
             self.executor.import_blocks(block_ids, view)
         return view.numel() * view.element_size()
+
+    def _move_int8(self, name: str, block_ids: list[int], export: bool,
+                   num_tokens: int | None) -> int:
+        from services.kvmanager.int8 import packed_nbytes
+        info = self.executor.model_info()
+        nbytes = packed_nbytes(info.num_layers, len(block_ids), info.block_size,
+                               info.num_kv_heads * info.head_dim)
+        view = self._segments.bytes_view(name, nbytes)
+        if export:
+            self.executor.export_blocks_int8(block_ids, num_tokens, out=view)
+        else:
+            self.executor.import_blocks_int8(block_ids, view)
+        return nbytes
 
     def close(self) -> None:
         self._worker.shutdown(wait=True)

@@ -39,6 +39,13 @@ class AttachedSegments:
         except shm.SegmentError as exc:
             raise InvalidRequestError(str(exc), field="shm_name") from None
 
+    def bytes_view(self, name: str, num_bytes: int) -> torch.Tensor:
+        """The first ``num_bytes`` of a segment as uint8 (a packed INT8 move)."""
+        try:
+            return self._segment(name).blocks((num_bytes,), torch.uint8)
+        except shm.SegmentError as exc:
+            raise InvalidRequestError(str(exc), field="shm_name") from None
+
     def _segment(self, name: str) -> shm.Segment:
         seg = self._segments.pop(name, None)
         if seg is not None and seg.unlinked():
@@ -73,14 +80,25 @@ class SharedStaging:
         layers, kv, *rest = self.block_shape
         shape = (layers, kv, num_blocks, *rest)
         need = math.prod(shape) * torch.empty(0, dtype=self.dtype).element_size()
+        seg = self._at_least(need)
+        return seg, seg.blocks(shape, self.dtype)
+
+    def byte_segment(self, num_bytes: int) -> tuple[shm.Segment, torch.Tensor]:
+        """This thread's segment and its first ``num_bytes`` as uint8 (packed INT8 blocks)."""
+        seg = self._at_least(num_bytes)
+        return seg, seg.blocks((num_bytes,), torch.uint8)
+
+    def _at_least(self, need: int) -> shm.Segment:
         seg = getattr(self._local, "segment", None)
         if seg is None or seg.size < need:
             seg = self._grow(seg, need)
-        return seg, seg.blocks(shape, self.dtype)
+        return seg
 
     def view(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A staging buffer in shared memory (``Copier.staging``'s contract): a move through
-        it needs no copy on this side."""
+        it needs no copy on this side. A flat uint8 buffer is a packed INT8 move."""
+        if dtype == torch.uint8 and len(shape) == 1:
+            return self.byte_segment(shape[0])[1]
         if dtype != self.dtype or tuple(shape[:2]) != self.block_shape[:2] \
                 or tuple(shape[3:]) != self.block_shape[2:]:
             raise ValueError(f"staging {tuple(shape)} {dtype} is not this executor's block "

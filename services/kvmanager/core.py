@@ -58,6 +58,7 @@ class InProcessKVManager(KVManager):
         self._incoming: dict[str, _Swap] = {}
         self._failed_out: dict[str, BaseException] = {}
         self._bytes_out = self._bytes_in = 0
+        self._link_out = self._link_in = 0
         self._closed = False
 
     # -- queries --------------------------------------------------------------------------
@@ -89,7 +90,8 @@ class InProcessKVManager(KVManager):
             num_host_blocks=self.pool.num_blocks, num_free_host_blocks=self.pool.num_free,
             host_bytes_used=self.pool.bytes_used, int8=self.pool.int8,
             num_swapped_requests=len(self._held) + len(self._incoming),
-            bytes_swapped_out=self._bytes_out, bytes_swapped_in=self._bytes_in)
+            bytes_swapped_out=self._bytes_out, bytes_swapped_in=self._bytes_in,
+            link_bytes_out=self._link_out, link_bytes_in=self._link_in)
 
     # -- swaps ----------------------------------------------------------------------------
 
@@ -173,6 +175,11 @@ class InProcessKVManager(KVManager):
 
     def _copy_out(self, device_blocks: list[int], host_blocks: list[int],
                   num_tokens: int | None) -> None:
+        if self.pool.int8:      # quantized by the mover: the link carries INT8
+            buf = self._staging_bytes(len(device_blocks))
+            self.mover.export_blocks_int8(device_blocks, num_tokens, out=buf)
+            self.pool.store.write_packed(host_blocks, buf)
+            return
         view = self.pool.store.run_view(host_blocks)
         if view is not None:
             self.mover.export_blocks(device_blocks, out=view)
@@ -181,10 +188,19 @@ class InProcessKVManager(KVManager):
         self.pool.store.write(host_blocks, staged, num_tokens)
 
     def _copy_in(self, host_blocks: list[int], device_blocks: list[int]) -> None:
+        if self.pool.int8:
+            buf = self.pool.store.read_packed(host_blocks,
+                                              self._staging_bytes(len(host_blocks)))
+            self.mover.import_blocks_int8(device_blocks, buf)
+            return
         data = self.pool.store.run_view(host_blocks)
         if data is None:
             data = self.pool.store.read(host_blocks, out=self._staging(len(host_blocks)))
         self.mover.import_blocks(device_blocks, data)
+
+    def _staging_bytes(self, num_blocks: int) -> torch.Tensor:
+        staging = getattr(self.mover, "staging", self.copier.staging)
+        return staging((self.pool.store.packed_nbytes(num_blocks),), torch.uint8)
 
     def _staging(self, num_blocks: int) -> torch.Tensor:
         # A mover that offers its own staging (a remote executor's shared memory) saves a copy.
@@ -222,6 +238,7 @@ class InProcessKVManager(KVManager):
         del self._incoming[rid]
         if swap.into.exception() is None:
             self._bytes_in += self._device_bytes(swap)
+            self._link_in += self._link_bytes(swap)
             self.pool.allocator.release(rid)
         elif swap.out.exception() is not None:
             self._drop(swap, swap.out.exception())
@@ -238,6 +255,12 @@ class InProcessKVManager(KVManager):
         if not swap.counted:
             swap.counted = True
             self._bytes_out += self._device_bytes(swap)
+            self._link_out += self._link_bytes(swap)
+
+    def _link_bytes(self, swap: _Swap) -> int:
+        # INT8 crosses the link packed, exactly as the host pool keeps it.
+        per_block = self.pool.block_bytes if self.pool.int8 else self.layout.device_block_bytes
+        return len(swap.host_blocks) * per_block
 
     def _device_bytes(self, swap: _Swap) -> int:
         return len(swap.host_blocks) * self.layout.device_block_bytes

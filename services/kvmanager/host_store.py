@@ -12,13 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from services.executor.types import ModelInfo
-from services.kvmanager.int8 import (
-    QuantizedBlocks,
-    bytes_per_channel,
-    dequantize,
-    param_dtype,
-    quantize,
-)
+from services.kvmanager.int8 import QuantizedBlocks, packed_views, param_dtype, params_per_block
+from services.kvmanager.int8 import block_bytes as int8_block_bytes
 
 
 @dataclass(frozen=True)
@@ -85,59 +80,40 @@ class FpHostStore:
 
 
 class Int8HostStore:
-    """Blocks kept as uint8 codes plus a 16-bit scale and offset per channel (see ``int8``).
-
-    Blocks are (de)quantized one piece at a time -- a few blocks of one layer's K or V, which
-    is contiguous in both the staging buffer and the store -- so that every pass runs over
-    memory in cache, and the temporaries are small enough for the allocator to reuse instead
-    of mapping (and page-faulting) fresh memory each time, which costs more than the math."""
-
-    PIECE_BYTES = 4 << 20
+    """Blocks kept as uint8 codes plus each block's share of its group's 16-bit scales and
+    offsets (see ``int8``). The executor quantizes before the copy out and dequantizes after
+    the copy in, so this store only moves the packed bytes: no arithmetic on the host."""
 
     def __init__(self, layout: BlockLayout, num_blocks: int, pin: bool):
         self.layout = layout
-        params = (layout.num_layers, 2, num_blocks, layout.num_kv_heads, layout.head_dim)
+        per_block = params_per_block(layout.num_kv_heads * layout.head_dim)
+        params = (layout.num_layers, 2, num_blocks, per_block)
         pdt = param_dtype(layout.dtype)
         self.codes = _empty(layout.shape(num_blocks), torch.uint8, pin)
         self.scale, self.offset = _empty(params, pdt, pin), _empty(params, pdt, pin)
-        plane_block_bytes = math.prod(layout.shape(1)[3:]) * 4      # as fp32 while quantizing
-        self.piece = max(1, self.PIECE_BYTES // plane_block_bytes)
 
     @staticmethod
     def block_bytes(layout: BlockLayout) -> int:
-        return layout.num_channels * bytes_per_channel(layout.block_size, layout.dtype)
+        return layout.num_layers * 2 * int8_block_bytes(layout.block_size,
+                                                       layout.num_kv_heads * layout.head_dim)
 
-    def run_view(self, host_ids: list[int]) -> None:
-        return None     # quantizing needs the blocks in the device dtype first: always staged
+    def packed_nbytes(self, num_blocks: int) -> int:
+        return num_blocks * self.block_bytes(self.layout)
 
-    def write(self, host_ids: list[int], blocks: torch.Tensor,
-              num_tokens: int | None = None) -> None:
-        for layer, kv, start, end in self._pieces(len(host_ids)):
-            tokens = _tokens_in(num_tokens, start, end, self.layout.block_size)
-            q = quantize(blocks[layer, kv, start:end], tokens)
-            idx = _ids(host_ids[start:end])
-            self.codes[layer, kv].index_copy_(0, idx, q.codes)
-            self.scale[layer, kv].index_copy_(0, idx, q.scale)
-            self.offset[layer, kv].index_copy_(0, idx, q.offset)
+    def packed(self, buf: torch.Tensor, num_blocks: int) -> QuantizedBlocks:
+        lay = self.layout
+        return packed_views(buf, lay.num_layers, num_blocks, lay.block_size, lay.num_kv_heads,
+                            lay.head_dim, lay.dtype)
 
-    def read(self, host_ids: list[int], out: torch.Tensor) -> torch.Tensor:
-        for layer, kv, start, end in self._pieces(len(host_ids)):
-            idx = _ids(host_ids[start:end])
-            q = QuantizedBlocks(self.codes[layer, kv].index_select(0, idx),
-                                self.scale[layer, kv].index_select(0, idx),
-                                self.offset[layer, kv].index_select(0, idx))
-            dequantize(q, self.layout.dtype, out=out[layer, kv, start:end])
+    def write_packed(self, host_ids: list[int], buf: torch.Tensor) -> None:
+        idx = _ids(host_ids)
+        for store, part in zip((self.codes, self.scale, self.offset),
+                               self.packed(buf, len(host_ids))):
+            store.index_copy_(2, idx, part)
+
+    def read_packed(self, host_ids: list[int], out: torch.Tensor) -> torch.Tensor:
+        idx = _ids(host_ids)
+        for store, part in zip((self.codes, self.scale, self.offset),
+                               self.packed(out, len(host_ids))):
+            torch.index_select(store, 2, idx, out=part)
         return out
-
-    def _pieces(self, num_blocks: int):
-        for layer in range(self.layout.num_layers):
-            for kv in range(2):
-                for start in range(0, num_blocks, self.piece):
-                    yield layer, kv, start, min(start + self.piece, num_blocks)
-
-
-def _tokens_in(num_tokens: int | None, start: int, end: int, block_size: int) -> int | None:
-    """Tokens of KV in blocks ``start..end-1`` of a request holding ``num_tokens``."""
-    if num_tokens is None:
-        return None
-    return min(num_tokens - start * block_size, (end - start) * block_size)

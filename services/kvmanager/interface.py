@@ -54,6 +54,10 @@ class KVStats:
     num_swapped_requests: int   # requests owning host blocks (held, or swap-in in flight)
     bytes_swapped_out: int      # cumulative device -> host bytes (before compression)
     bytes_swapped_in: int       # cumulative host -> device bytes (after decompression)
+    # Bytes that crossed the host link (the packed INT8 form with int8: quantized on the
+    # device before the copy out, dequantized there after the copy in).
+    link_bytes_out: int = 0
+    link_bytes_in: int = 0
 
 
 class KVManager(ABC):

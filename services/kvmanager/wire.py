@@ -26,12 +26,14 @@ def stats_to_proto(s: KVStats) -> pb.KVStats:
                       num_free_host_blocks=s.num_free_host_blocks,
                       host_bytes_used=s.host_bytes_used, int8=s.int8,
                       num_swapped_requests=s.num_swapped_requests,
-                      bytes_swapped_out=s.bytes_swapped_out, bytes_swapped_in=s.bytes_swapped_in)
+                      bytes_swapped_out=s.bytes_swapped_out, bytes_swapped_in=s.bytes_swapped_in,
+                      link_bytes_out=s.link_bytes_out, link_bytes_in=s.link_bytes_in)
 
 
 def stats_from_proto(m: pb.KVStats) -> KVStats:
     return KVStats(m.num_host_blocks, m.num_free_host_blocks, m.host_bytes_used, m.int8,
-                   m.num_swapped_requests, m.bytes_swapped_out, m.bytes_swapped_in)
+                   m.num_swapped_requests, m.bytes_swapped_out, m.bytes_swapped_in,
+                   m.link_bytes_out, m.link_bytes_in)
 
 
 def pool_full_metadata(exc: HostPoolFullError) -> tuple[tuple[str, str], ...]:

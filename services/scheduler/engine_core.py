@@ -80,6 +80,9 @@ class EngineCore:
         # Swap-ins of requests the iteration does not run (a policy uploading ahead): they
         # copy while it executes and are waited for after it, before the next one.
         self._swap_ins_ahead: list[tuple[str, SwapHandle]] = []
+        # Swap-ins an iteration had to wait for before it ran (its own requests': an upload
+        # the policy did not issue ahead), and those issued ahead, which it did not.
+        self.num_upload_waits = self.num_uploads_ahead = 0
         self.profile = StepProfile()
 
     # -- requests ---------------------------------------------------------------------------
@@ -168,7 +171,8 @@ class EngineCore:
         return len(self.scheduler.state.requests)
 
     def stats(self) -> SchedulerStats:
-        stats = self.scheduler.stats()
+        stats = dataclasses.replace(self.scheduler.stats(), num_upload_waits=self.num_upload_waits,
+                                    num_uploads_ahead=self.num_uploads_ahead)
         if self.predictions is None:
             return stats
         return dataclasses.replace(stats, **self.predictions.counters())
@@ -255,6 +259,8 @@ class EngineCore:
             except Exception as exc:  # noqa: BLE001 - the state and the pool disagree: say so
                 failed.append(self._fail_request(rid, f"swap-{'out' if is_out else 'in'} "
                                                       f"failed: {exc}"))
+        self.num_upload_waits += len(handles)
+        self.num_uploads_ahead += len(out.swapped_in) - len(handles)
         failed += self._wait_swap_ins(handles)
         return [f for f in failed if f is not None]
 

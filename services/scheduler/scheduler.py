@@ -47,6 +47,10 @@ class SchedulerStats:
     @property
     def prefix_cache_hit_rate(self) -> float:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+    # Filled by the serving core: swap-ins an iteration waited for before it ran (uploads the
+    # policy did not issue ahead of need), and uploads issued ahead (overlapping an iteration).
+    num_upload_waits: int = 0
+    num_uploads_ahead: int = 0
 
 
 class Scheduler:

@@ -49,6 +49,13 @@ class EngineConfig:
             raise ValueError(f"kafka_max_buffered must be >= 1, got {self.kafka_max_buffered}")
         if self.swap_space_gib < 0:
             raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")
+        # --kv-int8 and the policy's kv_int8 option are one setting; it acts on the host tier.
+        from services.scheduler.policies import wants_kv_int8
+        int8 = wants_kv_int8(self.policy, list(self.policy_config), self.kv_int8)
+        if int8 and self.swap_space_gib <= 0:
+            raise ValueError("kv_int8 (--kv-int8 or the policy's kv_int8 option) compresses "
+                             "the host KV tier: give it one with swap_space_gib > 0")
+        object.__setattr__(self, "kv_int8", int8)
 
 
 def build_executor(config: EngineConfig) -> Executor:

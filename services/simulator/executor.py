@@ -33,8 +33,12 @@ class VirtualClock:
 
 class SimExecutor(Executor):
     def __init__(self, shape: ModelShape, cost: CostModel, clock: VirtualClock, *,
-                 num_gpu_blocks: int, block_size: int = 16):
+                 num_gpu_blocks: int, block_size: int = 16, scheduler=None):
+        """``scheduler``: the policy's measured CPU time per iteration
+        (``overheads.SchedulerOverhead``), added to the device's; None: free."""
         self.shape, self.cost, self.clock = shape, cost, clock
+        self.scheduler = scheduler
+        self.scheduler_s = 0.0
         self.block_size, self.num_gpu_blocks = block_size, num_gpu_blocks
         # Outputs are forced to a length (ignore_eos), so any ordinary token will do.
         self.token = 1000 if shape.eos_token_id != 1000 else 1001
@@ -54,7 +58,8 @@ class SimExecutor(Executor):
     def execute(self, batch: ExecutorInput) -> ExecutorOutput:
         features = from_input(batch) if batch.sequences else None
         return self._run(batch.iteration, features,
-                         [s.request_id for s in batch.sequences if s.sample])
+                         [s.request_id for s in batch.sequences if s.sample],
+                         len(batch.sequences))
 
     def execute_scheduled(self, iteration: int, scheduled) -> ExecutorOutput:
         """``execute`` on the scheduler's plan itself, ``(request, tokens fed)`` pairs, which
@@ -62,11 +67,15 @@ class SimExecutor(Executor):
         ``ExecutorInput`` (token ids and block tables a cost model never reads). Reads the
         requests, never changes them."""
         features, sampled_ids = from_scheduled(scheduled) if scheduled else (None, [])
-        return self._run(iteration, features, sampled_ids)
+        return self._run(iteration, features, sampled_ids, len(scheduled))
 
     def _run(self, iteration: int, features: IterationFeatures | None,
-             sampled_ids: list[str]) -> ExecutorOutput:
+             sampled_ids: list[str], num_seqs: int = 0) -> ExecutorOutput:
         seconds = self.cost.iteration_s(features) if features is not None else 0.0
+        if self.scheduler is not None and num_seqs:
+            cpu = self.scheduler.seconds(num_seqs)
+            self.scheduler_s += cpu
+            self.clock.advance(cpu)
         self.clock.advance(seconds)
         self.busy_s += seconds
         self.num_calls += 1

@@ -9,9 +9,11 @@ on it moves the clock there. The serving core waits on a swap-in before the iter
 reads it and on a swap-out after the iteration it overlapped, exactly as with the real manager,
 so a copy that outlasts its iteration stalls the simulated engine by the difference.
 
-INT8 (``--kv-int8``) changes what the host pool holds (the real INT8 block size, scales
-included), not the copy time: lenserve moves a block across the link in the device's dtype and
-compresses it on the host side.
+INT8 (``--kv-int8``) changes what the host pool holds and what crosses the link: the executor
+quantizes a request's blocks on the device before the copy out and dequantizes them there after
+the copy in, so a copy moves the packed INT8 bytes (the real pool's block size, scales
+included) and takes the codec's time on the device besides (``HostLink.int8_codec_bytes_per_s``,
+device bytes per second; not charged when a link leaves it unset).
 """
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ class HostLink:
     # Copies run beside the iteration (a GPU's copy engines); False for a CPU executor, whose
     # copies take the cores its iterations use (what the real KV manager reports there).
     overlaps_compute: bool = True
+    # Device bytes per second the executor quantizes (and dequantizes) INT8 KV at.
+    int8_codec_bytes_per_s: float | None = None
 
     def __post_init__(self):
         if not (self.out_bytes_per_s > 0 and self.in_bytes_per_s > 0 and self.latency_s >= 0):
@@ -76,6 +80,9 @@ class SimKVManager(KVManager):
         self.int8 = config.int8
         self.block_bytes = host_block_bytes(layout, config.int8)
         self.device_block_bytes = layout.device_block_bytes
+        # What one block puts on the link: the packed INT8 block, or the device's bytes.
+        self.link_block_bytes = self.block_bytes if config.int8 else self.device_block_bytes
+        self._link = {True: 0, False: 0}           # bytes put on the link per direction
         self._num_blocks = config.swap_space_bytes // self.block_bytes
         self.num_gpu_blocks = info.num_gpu_blocks
         self._owned: dict[str, int] = {}            # request -> host blocks
@@ -151,7 +158,8 @@ class SimKVManager(KVManager):
                        num_free_host_blocks=self._num_blocks - used,
                        host_bytes_used=used * self.block_bytes, int8=self.int8,
                        num_swapped_requests=len(self._owned),
-                       bytes_swapped_out=self._bytes_out, bytes_swapped_in=self._bytes_in)
+                       bytes_swapped_out=self._bytes_out, bytes_swapped_in=self._bytes_in,
+                       link_bytes_out=self._link[True], link_bytes_in=self._link[False])
 
     def check_integrity(self) -> None:
         assert not set(self._out_end) & set(self._in_end), "a request is held and incoming"
@@ -162,7 +170,11 @@ class SimKVManager(KVManager):
         self._closed = True
 
     def _copy(self, num_blocks: int, out: bool, after: float = 0.0) -> float:
-        seconds = self.link.seconds(num_blocks * self.device_block_bytes, out)
+        self._link[out] += num_blocks * self.link_block_bytes
+        seconds = self.link.seconds(num_blocks * self.link_block_bytes, out)
+        codec = self.link.int8_codec_bytes_per_s
+        if self.int8 and codec:
+            seconds += num_blocks * self.device_block_bytes / codec
         start = max(self.clock.now, self._lane[out], after)
         self._lane[out] = start + seconds
         return start + seconds

@@ -40,6 +40,11 @@ HARDWARE: dict[str, Hardware] = {
                          host_link_bandwidth=32e9),      # PCIe 4.0 x16
     "h100": Hardware("NVIDIA H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12,
                      host_link_bandwidth=64e9),          # PCIe 5.0 x16
+    # ALISE's setting (paper 001, Sec. 4.1): Tesla V100 32 GB (125 TFLOP/s fp16 tensor core,
+    # 900 GB/s HBM2) on a PCIe 4.0 x16 host link as the paper states (a V100 itself links at
+    # PCIe 3.0: the paper's figure is taken as given).
+    "v100-32g": Hardware("NVIDIA Tesla V100-32GB", 32 * GIB, 125e12, 900e9,
+                         host_link_bandwidth=32e9),      # PCIe 4.0 x16
 }
 
 
@@ -72,12 +77,21 @@ class RooflineCostModel(CostModel):
                 f"{hw.memory_efficiency}, overhead {hw.overhead_s * 1e3:.1f} ms/iteration")
 
 
+# Memory traffic of the INT8 codec per device byte (ESTIMATE): quantizing reads the blocks
+# twice (the channel ranges, then the codes) and writes a code per element; dequantizing reads
+# the codes and writes the elements once. 2.5 bytes for a 16-bit KV cache.
+INT8_CODEC_TRAFFIC = 2.5
+
+
 def host_link(hw: Hardware) -> HostLink:
     """The device-host link of the simulated host KV tier (ESTIMATE)."""
     bandwidth = hw.host_link_bandwidth * hw.host_link_efficiency
+    codec = hw.memory_bandwidth * hw.memory_efficiency / INT8_CODEC_TRAFFIC
     return HostLink(bandwidth, bandwidth, hw.host_copy_latency_s,
                     f"ESTIMATE: {hw.host_link_efficiency:.0%} of the PCIe peak of "
-                    f"{hw.host_link_bandwidth / 1e9:.0f} GB/s each way")
+                    f"{hw.host_link_bandwidth / 1e9:.0f} GB/s each way; INT8 codec at "
+                    f"{codec / 1e9:.0f} GB/s of device memory traffic",
+                    int8_codec_bytes_per_s=codec)
 
 
 def kv_capacity_blocks(shape: ModelShape, hw: Hardware, block_size: int,

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from services.simulator.cost_model import CostModel
 from services.simulator.profile_file import load_profile
 from services.simulator.host_tier import HostLink
+from services.simulator.overheads import Overheads
+from services.simulator.overheads import load as load_overheads
 from services.simulator.roofline import RooflineCostModel, hardware, host_link, kv_capacity_blocks
 from services.simulator.shapes import ModelShape, model_shape
 
@@ -21,6 +23,9 @@ class SimTarget:
     notes: tuple[str, ...]     # what the numbers rest on, estimates named as such
     link: HostLink | None = None    # the host KV tier's copies (None: none measured)
     device: str | None = None  # where a measured profile ran ("cpu", "cuda"); None: roofline
+    # The scheduler's CPU time and the predictor's latency, measured on the real engine
+    # (services/simulator/overheads.py); None: not charged.
+    overheads: Overheads | None = None
 
 
 def from_profile(path: str, model: str | None = None) -> SimTarget:
@@ -38,11 +43,23 @@ def from_profile(path: str, model: str | None = None) -> SimTarget:
              cost.describe(), str(report),
              f"KV pool: {profile.num_gpu_blocks} blocks of {profile.block_size} (the real "
              f"executor's default on that device)")
-    link = profile.host_link()
+    link, charged = profile.host_link(), load_overheads()
+    if link is not None and charged is not None and profile.device == "cpu":
+        # The INT8 codec's rate was measured on this kind of device with the overheads.
+        link = dataclasses.replace(link, int8_codec_bytes_per_s=charged.int8_codec_bytes_per_s)
     if link is not None:
         notes += (link.describe(),)
-    return SimTarget(profile.shape, cost, profile.num_gpu_blocks, profile.block_size, notes,
-                     link, profile.device)
+    return SimTarget(profile.shape, cost, profile.num_gpu_blocks, profile.block_size,
+                     notes + _overhead_notes(charged), link, profile.device, charged)
+
+
+def _overhead_notes(charged: Overheads | None, path: str | None = None) -> tuple[str, ...]:
+    if charged is None:
+        why = "--overheads none" if path == "none" else "no measured overheads file"
+        return (f"scheduler CPU time and predictor latency: not charged ({why}), which "
+                f"flatters the ESTIMATE of length-aware policies",)
+    return (f"scheduler CPU time per iteration and predictor latency charged (an ESTIMATE for "
+            f"the simulated machine's host CPU): {charged.source}",)
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
@@ -81,13 +98,13 @@ def precision_mismatch(target: SimTarget, dtype: str, device: str) -> str | None
 def from_roofline(hardware_name: str, shape_name: str, block_size: int = 16) -> SimTarget:
     hw, shape = hardware(hardware_name), model_shape(shape_name)
     blocks = kv_capacity_blocks(shape, hw, block_size)
-    cost, link = RooflineCostModel(shape, hw), host_link(hw)
+    cost, link, charged = RooflineCostModel(shape, hw), host_link(hw), load_overheads()
     notes = (cost.describe(),
              f"KV pool (ESTIMATE): {blocks} blocks of {block_size} = {blocks * block_size} "
              f"tokens: 90% of {hw.memory_bytes / 2**30:.0f} GiB minus "
              f"{shape.weight_bytes / 2**30:.1f} GiB of weights and 2 GiB for activations",
-             link.describe())
-    return SimTarget(shape, cost, blocks, block_size, notes, link)
+             link.describe(), *_overhead_notes(charged))
+    return SimTarget(shape, cost, blocks, block_size, notes, link, overheads=charged)
 
 
 def with_blocks(target: SimTarget, num_gpu_blocks: int | None) -> SimTarget:
@@ -96,3 +113,15 @@ def with_blocks(target: SimTarget, num_gpu_blocks: int | None) -> SimTarget:
     return dataclasses.replace(
         target, num_gpu_blocks=num_gpu_blocks,
         notes=target.notes + (f"KV pool set by --num-gpu-blocks: {num_gpu_blocks}",))
+
+
+def with_overheads(target: SimTarget, path: str | None) -> SimTarget:
+    """``path``: another overheads file to charge; ``none``: charge nothing; None: as is."""
+    if path is None:
+        return target
+    charged = None if path == "none" else load_overheads(path)
+    if charged is None and path != "none":
+        raise ValueError(f"no overheads file at {path!r}")
+    keep = tuple(n for n in target.notes if "scheduler CPU time" not in n)
+    return dataclasses.replace(target, overheads=charged,
+                               notes=keep + _overhead_notes(charged, path))

@@ -319,3 +319,47 @@ def test_sampling_cost_quick_runs_end_to_end(tmp_path):
     assert len(data["result"]["rounds"]) == 2
     assert set(data["result"]["rounds"][0]["1"]) == set(sampling_cost.MODES)
     assert "sampling_cost" in page.section_names((tmp_path / "results.md").read_text())
+
+
+def test_sim_overheads_quick_writes_a_file_the_simulator_reads(tmp_path):
+    from benchmarks import sim_overheads
+    from services.simulator.overheads import load
+
+    out = tmp_path / "overheads.json"
+    assert sim_overheads.main(["--quick", "--out", str(out)]) == 0
+    charged = load(out)
+    assert set(charged.scheduler) == set(sim_overheads.POLICIES)
+    assert all(f.per_seq_s >= 0 and f.intercept_s >= 0 for f in charged.scheduler.values())
+    assert charged.predictor_for("embedded") > 0 and charged.int8_codec_bytes_per_s > 0
+    assert "sim_overheads" in charged.source
+
+
+def test_the_scheduler_fit_goes_through_the_medians():
+    from benchmarks.sim_overheads import fit
+    f = fit({1: [0.002, 0.002, 9.0], 5: [0.006], 9: [0.010]})
+    assert f["intercept_s"] == pytest.approx(0.001) and f["per_seq_s"] == pytest.approx(0.001)
+
+
+def test_alise_paper_quick_publishes_its_section(tmp_path, monkeypatch):
+    """The simulated figures end to end on a few requests; the real engine's and bench-swap's
+    runs (their own commands are tested elsewhere) replaced by what they return."""
+    from benchmarks import alise_paper
+
+    real = [{"upload_ahead": a, "iterations": 100, "upload_waits": w, "uploads_ahead": u,
+             "waits_per_1k": 10.0 * w, "output_tokens": 500, "failed": 0,
+             "normalized_latency": 0.1, "pool_mean_requests": 7.0}
+            for a, w, u in ((False, 12, 0), (True, 0, 12))]
+    swap = {"fp": {"link_bytes_each_way": 2000, "out_in_gbps": 1.0},
+            "int8": {"link_bytes_each_way": 1031, "out_in_gbps": 0.1,
+                     "int8_max_error_in_steps": 0.5},
+            "agreement": {"fp": {"token_agreement": 1.0}, "int8": {"token_agreement": 0.9}}}
+    monkeypatch.setattr(alise_paper, "upload_waits", lambda *a: real)
+    monkeypatch.setattr(alise_paper, "swap_bytes", lambda *a: swap)
+    assert alise_paper.main(["--quick", "--docs", str(tmp_path),
+                             "--raw", str(tmp_path / "raw")]) == 0
+    text = (tmp_path / "results.md").read_text()
+    assert section_count(text, "alise_paper") == 1 and "alise / vllm-v0" in text
+    data = json.loads((tmp_path / "results" / "alise_paper.json").read_text())
+    assert {r["policy"] for r in data["fig6"]} == {"orca", "vllm-v0", "vllm", "alise", "oracle"}
+    assert {r["policy"] for r in data["fig8"]} == {"ALISE (swap)", "Recompute", "Defer"}
+    assert "1.94" in text and "120.0" in text

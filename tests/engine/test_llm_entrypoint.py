@@ -137,9 +137,12 @@ def test_checkpoint_without_tokenizer_runs_on_prompt_token_ids(tmp_path):
         llm.generate("hello")
 
 
-def _predictor_threads() -> list:
+def _predictor_threads(before: frozenset = frozenset()) -> list:
+    """The predictor threads running now, less those in ``before`` (engines that earlier
+    tests left to the garbage collector)."""
     import threading
-    return [t for t in threading.enumerate() if t.name == "lenserve-predictor"]
+    return [t for t in threading.enumerate() if t.name == "lenserve-predictor"
+            and t not in before]
 
 
 def test_llm_stops_its_engine_threads_when_closed_or_collected():
@@ -150,13 +153,15 @@ def test_llm_stops_its_engine_threads_when_closed_or_collected():
 
     from lenserve import LLM, SamplingParams
 
+    gc.collect()
+    before = frozenset(_predictor_threads())
     with LLM(model="fake", num_gpu_blocks=64, predictor="oracle") as llm:
-        assert len(_predictor_threads()) == 1
+        assert len(_predictor_threads(before)) == 1
         llm.generate(["Hello"], SamplingParams(max_tokens=4, temperature=0))
-    assert _predictor_threads() == []
+    assert _predictor_threads(before) == []
 
     llm = LLM(model="fake", num_gpu_blocks=64, predictor="oracle")
-    assert len(_predictor_threads()) == 1
+    assert len(_predictor_threads(before)) == 1
     del llm
     gc.collect()
-    assert _predictor_threads() == []
+    assert _predictor_threads(before) == []

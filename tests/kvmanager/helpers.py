@@ -34,6 +34,14 @@ class TinyMover:
         self._enter()
         self.pool.import_blocks(block_ids, data)
 
+    def export_blocks_int8(self, block_ids, num_tokens=None, out=None):
+        self._enter()
+        return self.pool.export_blocks_int8(block_ids, num_tokens, out)
+
+    def import_blocks_int8(self, block_ids, data):
+        self._enter()
+        self.pool.import_blocks_int8(block_ids, data)
+
     def _enter(self):
         self.gate.wait()
         self.calls += 1

@@ -24,8 +24,12 @@ def test_reports_bandwidth_sizes_error_and_agreement(tmp_path, capsys):
     r = json.loads(out.read_text())
     assert r["swapped_bytes"] == 24 * r["device_block_bytes"]
     assert r["host_block_bytes_fp"] == r["device_block_bytes"]
-    # opt-tiny: 2 layers x K/V x 64 channels, 16 one-byte codes + 2 + 2 bytes per channel.
-    assert r["host_block_bytes_int8"] == 2 * 2 * 64 * (16 + 4)
+    # opt-tiny: 2 layers x K/V x 64 channels, 16 one-byte codes per channel and block, and a
+    # 2 + 2 byte scale and offset per channel for every 8 blocks.
+    assert r["host_block_bytes_int8"] == 2 * 2 * 64 * 16 + 2 * 2 * 64 // 8 * 4
+    # What crossed the link, measured by the manager: INT8 is packed before the copy.
+    assert r["fp"]["link_bytes_each_way"] == r["swapped_bytes"]
+    assert r["int8"]["link_bytes_each_way"] == 24 * r["host_block_bytes_int8"]
     for key in ("fp", "int8"):
         t = r[key]
         assert t["out_in_gbps"] == pytest.approx(

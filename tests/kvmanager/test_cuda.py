@@ -7,7 +7,7 @@ import torch
 from services.executor.kv_cache import KVCachePool
 from services.kvmanager.config import KVManagerConfig
 from services.kvmanager.core import InProcessKVManager
-from services.kvmanager.int8 import dequantize, quantize
+from services.kvmanager.int8 import element_scale, quantize
 from tests.kvmanager.helpers import BLOCK, DIM, HEADS, LAYERS, model_info
 
 pytestmark = pytest.mark.gpu
@@ -29,8 +29,12 @@ def test_round_trip_on_a_cuda_pool(int8):
     pool.cache[:, :, [3, 9, 20, 21]] = 0
     manager.swap_in("r", [21, 20]).wait()
     arrived = pool.cache[:, :, [21, 20]].cpu()
-    want = dequantize(quantize(original), original.dtype) if int8 else original
-    assert torch.equal(arrived, want)
+    if int8:    # quantized on the GPU before the copy: within the bound of the CPU's codes
+        step = element_scale(quantize(original))
+        assert ((arrived.float() - original.float()).abs() <= step * 1.01).all()
+        assert manager.stats().link_bytes_out * 1.9 <= manager.stats().bytes_swapped_out
+    else:
+        assert torch.equal(arrived, original)
     manager.check_integrity()
     manager.close()
 

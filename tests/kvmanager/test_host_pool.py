@@ -15,14 +15,15 @@ LAYOUT = BlockLayout(num_layers=2, block_size=16, num_kv_heads=3, head_dim=8,
 def test_pool_size_follows_the_real_bytes_of_a_host_block():
     channels = 2 * 2 * 3 * 8
     fp_bytes = channels * 16 * 2
-    int8_bytes = channels * (16 + 2 + 2)        # codes + 16-bit scale and offset
+    # codes + a 16-bit scale and offset per channel for every 8 blocks (one group)
+    int8_bytes = channels * 16 + channels // 8 * (2 + 2)
     space = 10 * fp_bytes + 1
     fp = HostBlockPool(LAYOUT, space, int8=False, pin=False)
     q = HostBlockPool(LAYOUT, space, int8=True, pin=False)
     assert (fp.block_bytes, fp.num_blocks) == (fp_bytes, 10)
     assert (q.block_bytes, q.num_blocks) == (int8_bytes, space // int8_bytes)
     assert fp.store.data.shape == (2, 2, 10, 16, 3, 8) and fp.store.data.dtype == torch.float16
-    assert q.store.codes.dtype == torch.uint8 and q.store.scale.shape == (2, 2, q.num_blocks, 3, 8)
+    assert q.store.codes.dtype == torch.uint8 and q.store.scale.shape == (2, 2, q.num_blocks, 3)
     assert HostBlockPool(LAYOUT, 0, int8=False, pin=False).num_blocks == 0
 
 

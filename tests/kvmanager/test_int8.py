@@ -1,21 +1,33 @@
-"""Channel-wise INT8 (ALISE Eq. 8): error bound, per-channel scales, shapes and dtypes."""
+"""Channel-wise INT8 (ALISE Eq. 8) in groups of blocks: error bound, per-channel scales,
+the packed form's bytes, shapes and dtypes."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from services.kvmanager.int8 import QMAX, bytes_per_channel, dequantize, param_dtype, quantize
+from services.executor.kv_cache import KVCachePool
+from services.kvmanager.int8 import (
+    GROUP_BLOCKS,
+    QMAX,
+    block_bytes,
+    dequantize,
+    element_scale,
+    packed_nbytes,
+    param_dtype,
+    quantize,
+)
 
-SHAPE = (3, 2, 5, 16, 4, 8)     # layers, K/V, blocks, block_size, kv heads, head_dim
+# layers, K/V, blocks (two full groups and a partial one), block_size, kv heads, head_dim
+SHAPE = (3, 2, 2 * GROUP_BLOCKS + 3, 16, 4, 8)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-def kv_like(dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+def kv_like(dtype: torch.dtype, seed: int = 0, shape=SHAPE) -> torch.Tensor:
     """Channels with very different offsets and spreads, as keys have."""
     gen = torch.Generator().manual_seed(seed)
-    spread = torch.rand(SHAPE[-2:], generator=gen) * 10
-    offset = torch.randn(SHAPE[-2:], generator=gen) * 50
-    return (torch.randn(SHAPE, generator=gen) * spread + offset).to(dtype)
+    spread = torch.rand(shape[-2:], generator=gen) * 10
+    offset = torch.randn(shape[-2:], generator=gen) * 50
+    return (torch.randn(shape, generator=gen) * spread + offset).to(dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -23,40 +35,51 @@ def test_round_trip_shapes_and_dtypes(dtype):
     x = kv_like(dtype)
     q = quantize(x)
     assert q.codes.shape == x.shape and q.codes.dtype == torch.uint8
-    params = SHAPE[:3] + SHAPE[4:]
-    assert q.scale.shape == q.offset.shape == params
+    per_block = SHAPE[4] * SHAPE[5] // GROUP_BLOCKS
+    assert q.scale.shape == q.offset.shape == SHAPE[:3] + (per_block,)
     assert q.scale.dtype == q.offset.dtype == param_dtype(dtype)
     y = dequantize(q, dtype)
     assert y.shape == x.shape and y.dtype == dtype
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_error_is_at_most_half_a_step_per_element(dtype):
-    x = kv_like(dtype, seed=1)
+@pytest.mark.parametrize("num_blocks", [1, 3, GROUP_BLOCKS, SHAPE[2]])
+def test_error_is_at_most_half_a_step_per_element(dtype, num_blocks):
+    x = kv_like(dtype, seed=1)[:, :, :num_blocks]
     q = quantize(x)
-    scale = q.scale.float().unsqueeze(-3)
+    step = element_scale(q)
     err = (dequantize(q, torch.float32) - x.float()).abs()
-    slack = 1e-4 * scale + 1e-6 * x.float().abs()      # fp32 arithmetic, nothing more
-    assert (err <= scale / 2 + slack).all(), (err / scale).max()
+    slack = 1e-4 * step + 1e-6 * x.float().abs()      # fp32 arithmetic, nothing more
+    assert (err <= step / 2 + slack).all(), (err / step).max()
     # Narrowing to a 16-bit result adds at most as much again: x itself is representable.
     err16 = (dequantize(q, dtype).float() - x.float()).abs()
-    assert (err16 <= scale + slack).all()
+    assert (err16 <= step + slack).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_scale_is_each_channels_own_range(dtype):
-    x = kv_like(dtype, seed=2)
+def test_in_a_full_group_each_channel_has_its_own_range(dtype):
+    x = kv_like(dtype, seed=2, shape=(3, 2, GROUP_BLOCKS, 16, 4, 8))
     x[..., 0, 0] *= 1000                    # one loud channel must not coarsen the others
     xf = x.float()
-    span = xf.amax(dim=-3) - xf.amin(dim=-3)
     q = quantize(x)
-    # Rounding the offset down (at most one 16-bit step of |min|) and the scale up widen it.
-    room = span + 2 ** -7 * xf.amin(dim=-3).abs()
-    assert (q.scale.float() * QMAX <= room * (1 + 2 ** -7) + 1e-6).all()
-    assert (q.scale.float() * QMAX >= span * (1 - 1e-6)).all()
+    over_group = (-4, -3)                    # the group's blocks and tokens of each channel
+    span = xf.amax(dim=over_group) - xf.amin(dim=over_group)
+    step = element_scale(q)[..., 0, 0, :, :]            # one group: the same for every token
+    room = span + 2 ** -7 * xf.amin(dim=over_group).abs()
+    assert (step * QMAX <= room * (1 + 2 ** -7) + 1e-6).all()
+    assert (step * QMAX >= span * (1 - 1e-6)).all()
     quiet = (dequantize(q, torch.float32) - xf)[..., 1:, :].abs().max()
     one_step_of_loud = span[..., 0, 0].min() / QMAX
     assert quiet < one_step_of_loud / 100, "a loud channel coarsened its neighbours"
+
+
+def test_a_partial_group_shares_a_scale_only_among_adjacent_channels():
+    x = kv_like(torch.float32, seed=5, shape=(1, 2, 3, 16, 4, 8))     # 3 of 8 blocks
+    x[..., 0, 0] *= 1000
+    err = (dequantize(quantize(x), torch.float32) - x).abs()
+    loud = x[..., 0, 0].abs().max()
+    # Tail share for 3 blocks is 4 channels: head 0's channels 0-3 are coarse, the rest not.
+    assert err[..., 0, 4:].max() < loud / QMAX / 50 and err[..., 1:, :].max() < loud / QMAX / 50
 
 
 def test_constant_and_offset_channels_are_exact_or_close():
@@ -72,9 +95,14 @@ def test_codes_use_the_full_range():
     assert int(q.codes.min()) == 0 and int(q.codes.max()) == QMAX
 
 
-def test_host_bytes_per_channel_count_the_scales():
-    assert bytes_per_channel(16, torch.float16) == 16 + 2 + 2
-    assert bytes_per_channel(16, torch.float32) == 16 + 2 + 2
+@pytest.mark.parametrize("dtype, least", [(torch.bfloat16, 1.9), (torch.float16, 1.9),
+                                          (torch.float32, 3.8)])
+def test_host_and_link_bytes_fall_by_the_goal_against_the_device_dtype(dtype, least):
+    layers, bs, heads, dim = 32, 16, 32, 128
+    device = KVCachePool.bytes_per_block(layers, bs, heads, dim, dtype)
+    host = packed_nbytes(layers, 1, bs, heads * dim)
+    assert host == layers * 2 * block_bytes(bs, heads * dim)
+    assert device / host >= least, device / host
 
 
 def test_stale_slots_after_the_last_token_do_not_stretch_the_scales():
@@ -84,12 +112,11 @@ def test_stale_slots_after_the_last_token_do_not_stretch_the_scales():
     stale = x.clone()
     stale[..., -1, 3:, :, :] = 1e6                  # another request's KV, or garbage
     stale[..., -1, 5, 0, 0] = float("nan")
-    q, clean = quantize(stale, num_tokens), quantize(x[..., :-1, :, :, :])
-    assert torch.equal(q.scale[..., :-1, :, :], clean.scale)
+    q = quantize(stale, num_tokens)
     y = dequantize(q, torch.float32)
     valid = torch.arange(num_blocks * block_size).view(num_blocks, block_size, 1, 1) < num_tokens
     err = (y - x).abs().where(valid, 0.0)
-    assert (err <= q.scale.float().unsqueeze(-3) * (0.5 + 1e-4) + 1e-5).all()
+    assert (err <= element_scale(q) * (0.5 + 1e-4) + 1e-5).all()
     assert not y.isnan().any() and y.abs().max() < 1e3
     assert torch.equal(quantize(x, num_blocks * block_size).codes, quantize(x).codes)
 
@@ -98,3 +125,19 @@ def test_stale_slots_after_the_last_token_do_not_stretch_the_scales():
 def test_a_token_count_that_does_not_fit_the_blocks_is_refused(num_tokens):
     with pytest.raises(ValueError, match="do not fill the last"):
         quantize(kv_like(torch.float32), num_tokens)
+
+
+def test_the_pool_quantizes_before_the_copy_and_the_bytes_are_the_packed_form():
+    pool = KVCachePool(2, 24, 16, 2, 8, torch.bfloat16)
+    pool.cache.copy_(torch.randn(pool.cache.shape) * 3)
+    ids, tokens = [5, 1, 7, 3, 9, 11, 13, 15, 17, 2], 9 * 16 + 4
+    packed = pool.export_blocks_int8(ids, tokens)
+    assert packed.dtype == torch.uint8 and packed.numel() == pool.packed_nbytes(len(ids))
+    assert pool.block_bytes * len(ids) / packed.numel() >= 1.9
+    original = pool.cache[:, :, ids].float().clone()
+    pool.cache[:, :, ids] = float("nan")
+    pool.import_blocks_int8(ids, packed)
+    q = quantize(original.to(torch.bfloat16), tokens)
+    valid = (torch.arange(len(ids) * 16) < tokens).view(len(ids), 16, 1, 1)
+    err = (pool.cache[:, :, ids].float() - original).abs().where(valid, 0.0)
+    assert (err <= element_scale(q) * 1.01).all() and not pool.cache[:, :, ids].isnan().any()

@@ -51,3 +51,13 @@ def test_llama_3_1_8b_on_an_h100_holds_about_vllms_kv_tokens():
     from services.simulator.roofline import kv_capacity_blocks
     tokens = kv_capacity_blocks(MODEL_SHAPES["llama-3.1-8b"], HARDWARE["h100"], 16) * 16
     assert 380_000 < tokens < 480_000     # 54 GiB of KV at 128 KiB a token
+
+
+def test_alises_setting_leaves_opt_13b_little_kv_on_a_v100():
+    # Paper 001, Sec. 4.1: V100-32GB over PCIe 4.0 x16; OPT-13B's 24 GB of weights leave a
+    # few GiB of KV (memory pressure is the point), OPT-2.7B far more.
+    big, small = from_roofline("v100-32g", "opt-13b"), from_roofline("v100-32g", "opt-2.7b")
+    kv_gib = big.num_gpu_blocks * 16 * big.shape.kv_bytes_per_token() / 2**30
+    assert 2 < kv_gib < 6 and small.num_gpu_blocks > 10 * big.num_gpu_blocks
+    assert big.link.in_bytes_per_s == pytest.approx(0.8 * 32e9)
+    assert big.link.int8_codec_bytes_per_s > 10 * big.link.in_bytes_per_s

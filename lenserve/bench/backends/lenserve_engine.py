@@ -12,6 +12,10 @@ from lenserve_contract.outputs import RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
 
 
+_COUNTERS = ("num_preemptions", "num_iterations", "num_upload_waits", "num_uploads_ahead",
+             "prefix_cache_queries", "prefix_cache_hits")
+
+
 @dataclass
 class _InFlight:
     request: BenchRequest
@@ -112,12 +116,11 @@ class LenserveBackend(Backend):
             scheduler.block_manager.reset_prefix_cache()
 
     def counters(self) -> dict | None:
-        if not hasattr(self.engine, "stats"):
+        stats = getattr(self.engine, "stats", None)
+        if stats is None:
             return None
-        stats = self.engine.stats()
-        return {"num_preemptions": stats.num_preemptions,
-                "prefix_cache_queries": stats.prefix_cache_queries,
-                "prefix_cache_hits": stats.prefix_cache_hits}
+        s = stats()
+        return {name: getattr(s, name) for name in _COUNTERS}
 
     def describe(self) -> dict:
         info = getattr(self.engine, "model_info", None)

@@ -57,3 +57,17 @@ def make_policy(name: str, config: SchedulerConfig,
         except ValueError as exc:
             raise ValueError(f"policy {name!r}: {exc}") from None
     return cls(config, options)
+
+
+def wants_kv_int8(name: str, options: dict[str, str] | list[str] | None, kv_int8: bool) -> bool:
+    """The engine's one INT8 switch: ``--kv-int8``, or the policy's ``kv_int8`` option (ALISE
+    and its relatives), which name the same setting. Unknown names and keys raise ValueError
+    as ``make_policy`` does."""
+    if kv_int8:
+        return True
+    cls = policy_class(name)
+    try:
+        parsed = parse_policy_config(cls.config_class, options)
+    except ValueError as exc:
+        raise ValueError(f"policy {name!r}: {exc}") from None
+    return bool(getattr(parsed, "kv_int8", False))

@@ -23,6 +23,18 @@
   head). The paper sums the work ahead; dividing by the batch accounts for that work running
   concurrently.
 
+* Uploads ahead of need (Alg. 2, lines 5-7): once the batch is decided, the best queued
+  requests, as many as the GPU job limit M leaves seats for, whose KV is on the host are
+  swapped in while the iteration runs (the copy overlaps it); they resume next iteration from
+  the device. A swapped request the ranking admits (it outranks a resident, or a finished
+  request freed its blocks) is uploaded the same way instead of run at once, so the batch
+  never waits for its copy: it costs that request one iteration, where waiting would stall
+  the whole batch for the copy. With ``upload_ahead=false`` (the old path) it runs at once
+  and the iteration waits; the engine counts such waits (``num_upload_waits``). A proactive
+  upload is skipped when its blocks would leave the residents no room to grow, would take
+  the prompt blocks of a better-ranked new request, or when its estimated wait reaches
+  ``swap_wait_s`` (it would be offloaded again before it ran).
+
 * Token-gap bound (``max_gap_s``, off by default; FluidInfer's latency bound, paper 002, as a
   hard limit on ALISE's preemption): a started request whose stream has waited ``max_gap_s``
   for its next token outranks every request that has not, queued or paused, and once it runs
@@ -42,10 +54,11 @@ from dataclasses import dataclass
 
 from services.scheduler.output import SchedulerOutput
 from services.scheduler.policies.alise_queues import PriorityQueues
+from services.scheduler.policies.alise_swaps import AliseSwaps
 from services.scheduler.policies.length_stats import max_output_len
-from services.scheduler.policies.ranked import RankedConfig, RankedPolicy, _Pass
+from services.scheduler.policies.ranked import RankedConfig, RankedPolicy
 from services.scheduler.policies.time_model import ExecutionTimeModel
-from services.scheduler.request import Prediction, Request, RequestStatus
+from services.scheduler.request import Prediction, Request
 from services.scheduler.state import SchedulerState
 
 
@@ -55,7 +68,11 @@ class AliseConfig(RankedConfig):
     num_queues: int = 8
     queue_base_s: float = 1.0        # queue q holds remaining times up to base * 2^q
     swap_wait_s: float = 2.0         # paused residents expected to wait this long are offloaded
-    kv_int8: bool = False            # INT8 for swapped KV; read by the engine's host tier
+    # Alg. 2: the best queued requests within the GPU job limit M whose KV is on the host are
+    # uploaded while the iteration runs, so they resume without waiting for the copy...
+    upload_ahead: bool = True
+    gpu_job_limit: int = 0           # ...M, jobs kept on the device (0: max_num_seqs)
+    kv_int8: bool = False            # INT8 for swapped KV (the engine's --kv-int8, one setting)
     nominal_token_s: float = 0.02    # seconds per decode step until the time model is fitted
     demotion: bool = True
     # A queued request evicts a resident only when better by this much plus the victim's
@@ -84,7 +101,7 @@ class _Job:
         self.since: float | None = since  # start of the current wait; None while served
 
 
-class AlisePolicy(RankedPolicy):
+class AlisePolicy(AliseSwaps, RankedPolicy):
     name = "alise"
     config_class = AliseConfig
 
@@ -94,6 +111,8 @@ class AlisePolicy(RankedPolicy):
         if opts.num_queues < 1 or opts.aging_rate < 0 or opts.queue_base_s <= 0:
             raise ValueError(f"{self.name}: need num_queues >= 1, aging_rate >= 0, "
                              "queue_base_s > 0")
+        if opts.gpu_job_limit < 0:
+            raise ValueError(f"{self.name}: gpu_job_limit must be >= 0 (0: max_num_seqs)")
         if opts.max_gap_s < 0 or opts.gap_quantum < 1:
             raise ValueError(f"{self.name}: need max_gap_s >= 0 (0: off) and gap_quantum >= 1")
         self.model = ExecutionTimeModel(opts.nominal_token_s)
@@ -112,6 +131,8 @@ class AlisePolicy(RankedPolicy):
         self._stalled_ids = itertools.count()
         self.guarded: dict[str, int] = {}
         self.num_gap_rescues = 0
+        self.num_uploads_ahead = 0
+        self._uploaded: set[str] = set()    # uploaded ahead, not served since: not offloaded
 
     # -- estimates -----------------------------------------------------------------------------
     def remaining_s(self, req: Request) -> float:
@@ -153,6 +174,7 @@ class AlisePolicy(RankedPolicy):
         self.queues.discard(request)
         self.jobs.pop(request.request_id, None)
         self.guarded.pop(request.request_id, None)
+        self._uploaded.discard(request.request_id)
 
     def num_queued(self) -> int:
         return len(self.queues)
@@ -257,6 +279,8 @@ class AlisePolicy(RankedPolicy):
 
     def _on_served(self, request: Request, state: SchedulerState) -> None:
         job = self.jobs[request.request_id]
+        if self._uploaded:
+            self._uploaded.discard(request.request_id)
         if self.options.max_gap_s:
             self._guard(request, job, state.now)
         if job.since is not None:
@@ -275,43 +299,6 @@ class AlisePolicy(RankedPolicy):
             self.num_gap_rescues += 1
         if left > 0:
             self.guarded[rid] = left
-
-    # -- preempted KV: keep or offload by estimated wait (Eq. 6-7, Alg. 2) --------------------
-    def _after_schedule(self, state: SchedulerState, output: SchedulerOutput, p: _Pass) -> None:
-        served = {r.request_id for r, _ in output.scheduled}
-        paused = [r for r in p.ranked if r.status is RequestStatus.RUNNING
-                  and r.request_id not in served]
-        for req in paused:
-            job = self.jobs[req.request_id]
-            if job.since is None:
-                job.since = state.now
-        if paused and len(self.queues) and self.options.swap and state.num_host_blocks:
-            self._offload(state, output, p, served, paused)
-
-    def _offload(self, state, output, p: _Pass, served: set[str], paused: list[Request]) -> None:
-        ahead, running_sum = {}, 0.0      # work ranked ahead of each resident: prefix sums
-        for r in p.ranked:
-            ahead[r.request_id] = running_sum
-            running_sum += self._remaining.get(r.request_id, 0.0)
-        best = self._keys[p.ranked[0].request_id]
-        for req in paused:
-            ewt = self.estimated_wait_s(req, ahead[req.request_id], len(served), best)
-            if ewt >= self.options.swap_wait_s and state.can_swap_out(req) \
-                    and state.swap_out(req, output):
-                self._push(req)
-
-    def estimated_wait_s(self, req: Request, resident_work_ahead: float, num_served: int,
-                         best_key: float) -> float:
-        """EWT of a paused resident (Eq. 7): the work ranked ahead of it (residents, and the
-        queues above its own, Eq. 6) spread over the batch, or the time aging needs to lift it
-        to the head's priority, whichever is sooner."""
-        mine = self._keys[req.request_id]
-        ahead = resident_work_ahead + self.queues.work_before(self.queues.bucket(mine))
-        ewt = ahead / max(1, num_served)
-        rate = self.options.aging_rate
-        if rate > 0:
-            ewt = min(ewt, max(0.0, (mine - best_key) / rate))
-        return ewt
 
     # -- learning ------------------------------------------------------------------------------
     def update(self, output, updated, result=None) -> None:
@@ -341,6 +328,9 @@ class OraclePolicy(AlisePolicy):
 @dataclass(frozen=True)
 class AliseBoundConfig(AliseConfig):
     max_gap_s: float = 1.0
+    # A rescue's seat is timed in iterations (gap_quantum); an upload that defers a swapped
+    # request by one iteration shifts those seats, so alise-lb keeps admit-then-wait.
+    upload_ahead: bool = False
 
 
 class AliseBoundPolicy(AlisePolicy):

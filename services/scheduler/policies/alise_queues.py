@@ -14,6 +14,8 @@ of its requests' remaining times, which is what Eq. 6 (estimated wait) needs, in
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 
 from services.scheduler.policies.ranked_queue import RankedQueue
@@ -68,6 +70,13 @@ class PriorityQueues:
                 best = top
         self._head, self._head_known = best, True
         return best
+
+    def best(self, n: int) -> list[tuple[float, Request]]:
+        """(key, request) of the ``n`` best queued requests over all queues, best first
+        (O(n log n))."""
+        merged = heapq.merge(*(queue.smallest(n) for queue in self.queues),
+                             key=lambda pair: pair[0])
+        return list(itertools.islice(merged, n))
 
     def work_before(self, q: int) -> float:
         """Queued remaining seconds in the queues ahead of queue ``q`` (Eq. 6)."""

@@ -106,6 +106,14 @@ class RankedPolicy(Policy):
     def _after_schedule(self, state: SchedulerState, output: SchedulerOutput, p: _Pass) -> None:
         """Hook run once the batch is decided (ALISE's proactive offload)."""
 
+    def _uploads_ahead(self, request: Request) -> bool:
+        """Whether a swapped request the ranking admits is uploaded beside the iteration and
+        run in the next one (else it runs now, and the iteration waits for its copy)."""
+        return False
+
+    def _on_uploaded(self, request: Request) -> None:
+        """``request`` was uploaded ahead of the iteration it will run in."""
+
     # -- the loop ------------------------------------------------------------------------------
     def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
         output = state.new_output()
@@ -165,9 +173,18 @@ class RankedPolicy(Policy):
                budget: Budget) -> bool:
         start = state.prefix_start(cand)
         n = self._chunk(cand, start, p.tokens, output)
+        if cand.status is _SWAPPED and self._uploads_ahead(cand):
+            n = 1       # room for its next token; it runs next iteration, its KV copied by then
         if n == 0 or not self._make_room(state, output, p, cand, start + n, budget):
             return False
         self._pop(cand)
+        if cand.status is _SWAPPED and self._uploads_ahead(cand):
+            # Uploaded beside this iteration instead of run in it: the batch does not wait for
+            # the copy (Alg. 2 of paper 001); the request resumes from the device next time.
+            if not state.swap_in(cand, output):
+                raise RuntimeError(f"{self.name}: uploading {cand} failed after room was made")
+            self._on_uploaded(cand)
+            return True
         bm, total = state.block_manager, start + n
         # _make_room checked the blocks, so neither transition can fail here.
         if cand.status is _SWAPPED:

@@ -44,6 +44,22 @@ class RankedQueue:
         del self._live[head[1].request_id]
         return head[1]
 
+    def smallest(self, n: int):
+        """Up to ``n`` live (key, request) pairs, best first, without removing them: a
+        best-first walk of the heap's tree, O(n log n) plus the stale entries met."""
+        heap, live, frontier, found = self._heap, self._live, [], 0
+        if heap:
+            frontier.append((heap[0][0], heap[0][1], 0))
+        while frontier and found < n:
+            _, _, i = heapq.heappop(frontier)
+            key, entry, request = heap[i]
+            if live.get(request.request_id) == entry:
+                found += 1
+                yield key, request
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child][0], heap[child][1], child))
+
     def __len__(self) -> int:
         return len(self._live)
 

@@ -1,0 +1,1 @@
+"""Measured data the simulator reads (``overheads.json``: benchmarks/sim_overheads.py)."""
