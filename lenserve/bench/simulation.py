@@ -36,7 +36,7 @@ class SimSpec:
     prompt_text: object = None     # token ids -> text for the predictor (None: no text)
 
 
-def build_engine(spec: SimSpec, clock: VirtualClock) -> EngineCore:
+def build_engine(spec: SimSpec, clock: VirtualClock, time_model=None) -> EngineCore:
     t, o = spec.target, spec.options
     blocks = num_gpu_blocks(spec)
     executor = SimExecutor(t.shape, t.cost, clock, num_gpu_blocks=blocks,
@@ -50,7 +50,8 @@ def build_engine(spec: SimSpec, clock: VirtualClock) -> EngineCore:
         max_model_len=max_model_len(spec), predictor=predictor,
         predictor_seed=o.predictor_seed)
     return EngineCore(**engine_parts(config, executor, kv_manager=host_tier(spec, executor, clock)),
-                      tokenizer=None, clock=clock, finished_outputs_only=True)
+                      tokenizer=None, clock=clock, finished_outputs_only=True,
+                      time_model=time_model)
 
 
 def host_tier(spec: SimSpec, executor: SimExecutor, clock: VirtualClock) -> SimKVManager | None:
