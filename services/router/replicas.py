@@ -78,6 +78,7 @@ class ReplicaLink:
         subscriber_id = f"router-{uuid.uuid4().hex}"
         sub = self._stub.Subscribe(scheduler_pb2.SubscribeRequest(subscriber_id=subscriber_id))
         loads = self._stub.StreamLoad(scheduler_pb2.LoadRequest(interval_s=self.load_interval_s))
+        readers: list[asyncio.Future] = []
         try:
             if await sub.read() is grpc.aio.EOF:   # the empty message that says it is open
                 raise ConnectionError("the replica closed its subscription")
@@ -89,14 +90,15 @@ class ReplicaLink:
             self.on_load(self.name, convert.load_from_pb(first))
             readers = [asyncio.ensure_future(self._read_chunks(sub)),
                        asyncio.ensure_future(self._read_loads(loads))]
-            done, pending = await asyncio.wait(readers, return_when=asyncio.FIRST_COMPLETED)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            done, _ = await asyncio.wait(readers, return_when=asyncio.FIRST_COMPLETED)
             errors = [t.exception() for t in done]      # both may have failed at once
             raise next((e for e in errors if e is not None),
                        ConnectionError("the replica ended its streams"))
         finally:
+            for task in readers:
+                task.cancel()
+            # Collected, so that a stream's error never goes unretrieved.
+            await asyncio.gather(*readers, return_exceptions=True)
             sub.cancel()
             loads.cancel()
 
