@@ -20,7 +20,7 @@ TTFT_TARGETS_S = (1.0,)             # P99 TTFT
 NL_TARGETS = (0.05,)                # normalized latency, s/token (policies_simulated's middle)
 # Per replica count: requests per rate and the rates (req/s), light load to overload.
 FULL = {8: (3000, [56, 64, 72, 80, 88]), 16: (6000, [112, 128, 144, 160, 176])}
-QUICK = {8: (64, [40, 80])}
+QUICK = {8: (16, [40, 80])}
 SCALE = (16, 100_000, 140)          # replicas, requests, req/s: the size the mode is for
 
 
