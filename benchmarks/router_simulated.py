@@ -33,7 +33,7 @@ def simulate_args(replicas: int, num_prompts: int, rates: list[float], dataset: 
             "--num-prompts", str(num_prompts), *(["--repeat-dataset"] if repeat else []),
             "--num-gpu-blocks", str(NUM_GPU_BLOCKS),
             "--sweep-rates", ",".join(f"{r:g}" for r in rates), "--seed", "0",
-            "--disable-tqdm", "--result-json", str(result)]
+            "--disable-tqdm", "--no-records", "--result-json", str(result)]
 
 
 def run_sweeps(plan: dict, dataset: Path, raw: Path) -> tuple[list[dict], list[str]]:
