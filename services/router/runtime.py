@@ -77,8 +77,10 @@ class Router:
 
     # -- requests ----------------------------------------------------------------------------
     async def start(self, request: common_pb2.Request, queue: asyncio.Queue,
-                    deadline: float | None) -> None:
+                    deadline: float | None, place_by: float | None = None) -> None:
         """Predict, place and send one request; its chunks go to ``queue`` from now on.
+        ``deadline``: the request's own (monotonic; None: the caller enforces one);
+        ``place_by``: when the call that sends it gives up (a ``Submit``'s deadline).
         Raises Refused (bad input), NoReplica (none up within its hold) or ValueError (the id
         is already running)."""
         rid = request.request_id
@@ -87,7 +89,9 @@ class Router:
         sink = self.sinks[rid] = _Sink(queue, request, deadline)
         try:
             sink.placement = await self._placement(request)
-            await self._send(sink, frozenset(), self._hold_until(deadline))
+            until = self._hold_until(deadline)
+            await self._send(sink, frozenset(), until if place_by is None else
+                             min(until, place_by))
         except BaseException:
             self.sinks.pop(rid, None)
             self.core.unplace(rid)

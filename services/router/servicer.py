@@ -71,18 +71,20 @@ class RouterServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                                 f"no subscription {request.subscriber_id!r}: Subscribe first")
         rid = request.request.request_id
         remaining = context.time_remaining()
-        deadline = None if remaining is None else time.monotonic() + remaining
+        # The Submit call's deadline bounds its placement, not the request: a multiplexed
+        # client enforces the request's own deadline and aborts it.
+        place_by = None if remaining is None else time.monotonic() + remaining
         queue.running.add(rid)
         try:
-            await self._start(request.request, queue, deadline, context)
+            await self._start(request.request, queue, None, context, place_by)
         except BaseException:
             queue.running.discard(rid)
             raise
         return scheduler_pb2.SubmitResponse()
 
-    async def _start(self, request, queue, deadline, context) -> None:
+    async def _start(self, request, queue, deadline, context, place_by=None) -> None:
         try:
-            await self.router.start(request, queue, deadline)
+            await self.router.start(request, queue, deadline, place_by)
         except Refused as exc:
             await context.abort(exc.err.code(), exc.err.details() or "",
                                 trailing_metadata=tuple(exc.err.trailing_metadata() or ()))
