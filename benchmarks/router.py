@@ -46,7 +46,7 @@ def summary_text(rows: list[dict], scale: dict | None, real: dict | None) -> str
     gains = []
     for replicas in sorted({r["replicas"] for r in rows}):
         for inner in router_simulated.INNER:
-            for key, what in (("p99_ttft<=1s", "P99 TTFT <= 1 s"), ("nl<=0.05", "NL <= 0.05")):
+            for key, what in (("p99_ttft<=1s", "P99 TTFT <= 1 s"), ("nl<=0.025", "NL <= 0.025")):
                 g = router_simulated.gain(rows, key, replicas, inner)
                 if not math.isnan(g):
                     gains.append(f"{replicas} replicas, {inner}, {what}: {100 * (g - 1):+.1f}%")

@@ -17,9 +17,9 @@ INNER = ("vllm", "alise")
 PREDICTOR = "oracle:0.7:0"
 NUM_GPU_BLOCKS = 1536
 TTFT_TARGETS_S = (1.0,)             # P99 TTFT
-NL_TARGETS = (0.05,)                # normalized latency, s/token (policies_simulated's middle)
+NL_TARGETS = (0.025,)               # normalized latency, s/token: 1.6x the unloaded value
 # Per replica count: requests per rate and the rates (req/s), light load to overload.
-FULL = {8: (3000, [56, 64, 72, 80, 88]), 16: (6000, [112, 128, 144, 160, 176])}
+FULL = {8: (3000, [64, 70, 74, 78, 84]), 16: (5000, [128, 140, 148, 156, 168])}
 QUICK = {8: (16, [40, 80])}
 SCALE = (16, 100_000, 140)          # replicas, requests, req/s: the size the mode is for
 

@@ -62,14 +62,12 @@ class ReplicaView:
             return prefill, decode
         return self.load.queued_prefill_tokens + prefill, self.load.remaining_decode_tokens + decode
 
-    def kv_tokens_committed(self) -> int:
-        """Tokens the pool holds now plus every token its requests are predicted to add."""
-        prefill, decode = self.pending_tokens()
+    def kv_tokens_used(self) -> int:
+        """Tokens of KV the pool holds now (0 before a report)."""
         if self.load is None:
-            return prefill + decode
+            return 0
         s = self.load.stats
-        used = (s.num_total_blocks - s.num_free_blocks) * self.load.block_size
-        return used + prefill + decode
+        return (s.num_total_blocks - s.num_free_blocks) * self.load.block_size
 
     def kv_capacity_tokens(self) -> int:
         if self.load is None:

@@ -5,11 +5,11 @@
 * ``round-robin`` ignores load: each live replica in turn.
 * ``least-loaded``: the fewest unfinished requests (queued + running), as the Gateway API
   Inference Extension's queue-depth scorer and most L7 balancers count load.
-* ``length-aware`` (default): the least predicted work. A replica's work is the tokens its
-  unfinished requests still need (prefill, and predicted output still to generate) through
-  its execution-time model, plus the new request's own, plus what it would have to wait for
-  if its predicted KV footprint overflows the pool: a replica holding a few long
-  conversations is loaded though its count is small.
+* ``length-aware`` (default): the least predicted wait for a first token. A replica admits a
+  request when its KV pool has room for the queue ahead and the new prompt; it makes room as
+  its requests finish, at a pace set by how many output tokens they are still predicted to
+  generate, through its execution-time model. A replica whose requests are about to finish
+  frees its pool soon, though it holds as many requests as one serving long conversations.
 """
 from __future__ import annotations
 
@@ -60,22 +60,25 @@ class LengthAware(RouterPolicy):
     needs_prediction = True
 
     def score(self, replica, placement) -> float:
-        return predicted_work_s(replica, placement)
+        return predicted_wait_s(replica, placement)
 
 
-def predicted_work_s(replica: ReplicaView, p: Placement) -> float:
-    """Seconds of the replica's time model: its remaining work, the request's own, and the
-    decode time of the tokens its KV pool cannot hold (they wait for blocks to free).
+def predicted_wait_s(replica: ReplicaView, p: Placement) -> float:
+    """Seconds until the request's first token on ``replica``: the wait for its KV pool to free
+    room for the prompts queued ahead and this one, then their prefill.
 
-    Remaining decode work is counted at the per-step cost, as if run one at a time: an upper
-    bound, but on the same scale on every replica, which is what a placement compares."""
-    t0, alpha, beta = replica.rates()
+    Room frees as requests finish: ``used`` tokens over their mean predicted remaining decode
+    steps, each a step of the replica's time model, so ``need`` tokens take ``need * steps *
+    beta / used`` seconds. (A first version placed by the sum of predicted remaining work; with
+    predictions of realistic error it trailed ``least-loaded`` on simulated A100s.)"""
+    t0, _, beta = replica.rates()
     prefill, decode = replica.pending_tokens()
-    backlog = t0 * prefill + beta * decode
-    own = t0 * p.prompt_tokens + p.predicted_output_len * (alpha * p.prompt_tokens + beta)
-    overflow = replica.kv_tokens_committed() + p.prompt_tokens + p.predicted_output_len \
-        - replica.kv_capacity_tokens()
-    return backlog + own + beta * max(0, overflow)
+    queued = prefill + p.prompt_tokens
+    free = replica.kv_capacity_tokens() - replica.kv_tokens_used()
+    used = max(replica.kv_tokens_used(), 1)
+    steps_left = decode / max(replica.num_requests(), 1)
+    wait = max(0, queued - free) * steps_left * beta / used
+    return wait + t0 * queued
 
 
 POLICIES = {cls.name: cls for cls in (RoundRobin, LeastLoaded, LengthAware)}

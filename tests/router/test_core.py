@@ -24,18 +24,19 @@ def core_with(policy: str, **loads) -> RouterCore:
     return core
 
 
-def test_length_aware_places_by_predicted_work_where_least_loaded_counts_requests():
-    # a: one long conversation (2,000 tokens to go); b: three nearly done ones.
-    reports = dict(a=load(running=1, decode=2000), b=load(running=3, decode=30))
-    request = Placement("r", prompt_tokens=100, predicted_output_len=200)
-    assert core_with("least-loaded", **reports).place(request).name == "a"
+def test_length_aware_places_where_the_pool_frees_soonest_where_least_loaded_counts():
+    # Both pools are full. a: one long conversation (2,000 tokens to go) frees nothing for a
+    # long while; b: three nearly done requests free theirs within ten steps.
+    reports = dict(a=load(running=1, decode=2000, free=0), b=load(running=3, decode=30, free=0))
+    assert core_with("least-loaded", **reports).place(Placement("r", 100, 200)).name == "a"
     assert core_with("length-aware", **reports).place(Placement("r", 100, 200)).name == "b"
 
 
-def test_length_aware_avoids_a_replica_whose_pool_the_request_would_overflow():
-    # Same pending work; a's pool is nearly full, so a long request would wait for blocks.
+def test_length_aware_avoids_a_replica_whose_pool_cannot_take_the_prompt_now():
+    # Same requests, same predictions; a's pool has room for 160 tokens, b's for 16,000.
     reports = dict(a=load(running=2, decode=100, free=10), b=load(running=2, decode=100))
     assert core_with("length-aware", **reports).place(Placement("r", 500, 1000)).name == "b"
+    assert core_with("least-loaded", **reports).place(Placement("r", 500, 1000)).name == "a"
 
 
 def test_placements_between_reports_count_so_a_burst_spreads():

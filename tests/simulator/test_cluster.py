@@ -15,21 +15,21 @@ def test_replicas_run_side_by_side_each_on_its_own_clock():
     assert run.stats["placed_per_replica"] == [1, 1]
 
 
-def _ttft_of_short_request(router: str) -> float:
-    # One request at a time per replica. A long request lands on one replica and a shorter
-    # one on the other; the third, short, ties the two on request count, but one replica has
-    # ten times the predicted work left.
-    spec = make_spec(predictor="oracle", max_num_seqs=1, max_model_len=256)
-    reqs = workload((8, 200, 0.0), (8, 20, 0.001), (8, 5, 0.002))
+def _ttft_of_third_request(router: str) -> float:
+    # Two replicas, a 256-token pool each, each filled by one 200-token prompt: a's request
+    # has 45 tokens to generate, b's 20. When the third arrives both hold one request (a tie
+    # by count) and neither pool has room for its 60-token prompt; b's frees first.
+    spec = make_spec(predictor="oracle", max_model_len=256)
+    reqs = workload((200, 45, 0.0), (200, 20, 0.001), (60, 5, 0.15))
     run = simulate_cluster(spec, ClusterSpec(2, router), reqs, 1.0, False)
     assert all(r.success for r in run.records)
     third = run.records[2]
     return third.token_times[0] - third.arrival_time
 
 
-def test_length_aware_places_behind_less_predicted_work_than_least_loaded():
-    least, aware = _ttft_of_short_request("least-loaded"), _ttft_of_short_request("length-aware")
-    assert aware < least / 5         # behind 20 tokens of work, not 200
+def test_length_aware_places_where_the_pool_frees_soonest_not_by_request_count():
+    least, aware = _ttft_of_third_request("least-loaded"), _ttft_of_third_request("length-aware")
+    assert aware < least / 2
 
 
 def test_the_router_predicts_once_and_replicas_take_its_length():
