@@ -77,15 +77,18 @@ def main(argv: list[str] | None = None) -> int:
                        dataset_default=runs.SHAREGPT)
     ap.add_argument("--skip-real", action="store_true",
                     help="the simulated half only (no processes started on this machine)")
+    ap.add_argument("--reuse-raw", action="store_true",
+                    help="take the simulated results an earlier run of the same commands left "
+                         "in --raw instead of running them again (virtual time: same figures)")
     args = ap.parse_args(argv)
     dataset = runs.dataset_file(args.dataset_path)
     out = output.outputs(args, NAME)
     start, t0 = stamp.take(), time.perf_counter()
     plan = router_simulated.QUICK if args.quick else router_simulated.FULL
-    found, commands = router_simulated.run_sweeps(plan, dataset, out.raw)
+    found, commands = router_simulated.run_sweeps(plan, dataset, out.raw, args.reuse_raw)
     scale = None
     if not args.quick:
-        scale, command = router_simulated.run_scale(dataset, out.raw)
+        scale, command = router_simulated.run_scale(dataset, out.raw, args.reuse_raw)
         commands.append(command)
     real = None
     if not args.skip_real:

@@ -36,12 +36,23 @@ def simulate_args(replicas: int, num_prompts: int, rates: list[float], dataset: 
             "--disable-tqdm", "--no-records", "--result-json", str(result)]
 
 
-def run_sweeps(plan: dict, dataset: Path, raw: Path) -> tuple[list[dict], list[str]]:
+def _run(args: list[str], result: Path, log: Path, reuse: bool) -> float:
+    """``lenserve ARGS``, or nothing when ``reuse`` and an earlier run of the same command
+    left its result (virtual time: the same command gives the same figures)."""
+    if reuse and result.exists() and log.exists() and \
+            json.loads(result.read_text())["config"]["sweep_rates"] == args[args.index(
+                "--sweep-rates") + 1]:
+        return 0.0
+    return runs.lenserve(args, log)
+
+
+def run_sweeps(plan: dict, dataset: Path, raw: Path,
+               reuse: bool = False) -> tuple[list[dict], list[str]]:
     found, commands = [], []
     for replicas, (num_prompts, rates) in plan.items():
         result = raw / f"sim_{replicas}.json"
         args = simulate_args(replicas, num_prompts, rates, dataset, result)
-        runs.lenserve(args, raw / f"sim_{replicas}.log")
+        _run(args, result, raw / f"sim_{replicas}.log", reuse)
         commands.append(runs.shown(args))
         for run in runs.load_runs(result):
             inner, router = run["policy"].split("/")
@@ -49,13 +60,13 @@ def run_sweeps(plan: dict, dataset: Path, raw: Path) -> tuple[list[dict], list[s
     return found, commands
 
 
-def run_scale(dataset: Path, raw: Path) -> tuple[dict, str]:
+def run_scale(dataset: Path, raw: Path, reuse: bool = False) -> tuple[dict, str]:
     """One run of the size cluster mode is for; its wall and CPU time from the command's log."""
     replicas, num_prompts, rate = SCALE
     result = raw / "scale.json"
     args = simulate_args(replicas, num_prompts, [rate], dataset, result,
                          routers=("length-aware",), inner=("vllm",), repeat=True)
-    wall = runs.lenserve(args, raw / "scale.log")
+    wall = _run(args, result, raw / "scale.log", reuse)
     line = next(x for x in (raw / "scale.log").read_text().splitlines() if "simulated" in x)
     m = re.search(r"simulated ([\d.]+)s in ([\d.]+)s \(([\d.]+)s of CPU\)", line)
     summary = json.loads(result.read_text())["runs"][0]["summary"]
