@@ -27,6 +27,7 @@ COMMANDS = {
     "serve-executor": "lenserve.commands.serve_services",
     "serve-kvmanager": "lenserve.commands.serve_services",
     "serve-gateway": "lenserve.commands.serve_services",
+    "serve-router": "lenserve.commands.serve_services",
     "up": "lenserve.commands.up",
     "bench-transport": "lenserve.commands.bench_transport",
     "profile": "lenserve.commands.profile",

@@ -61,9 +61,24 @@ def test_every_service_is_covered():
     assert {s for s, _, _ in CASES} == set(SERVICES) and len(CASES) >= 20
 
 
+def _router(address):
+    from services.router.core import RouterCore
+    from services.router.runtime import Router
+    from services.router.servicer import build_server
+    return build_server(Router(RouterCore()), address)
+
+
 @pytest.mark.parametrize("service", list(SERVICES))
 async def test_malformed_bytes_are_invalid_argument_and_not_logged(service, caplog):
-    module, build = SERVICES[service]
+    await _check(service, SERVICES[service][1], caplog)
+
+
+async def test_the_router_refuses_malformed_bytes_as_the_scheduler_does(caplog):
+    await _check("SchedulerService", _router, caplog)
+
+
+async def _check(service, build, caplog):
+    module = SERVICES[service][0]
     server, port = build("127.0.0.1:0")
     await server.start()
     caplog.set_level(logging.DEBUG)

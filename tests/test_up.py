@@ -108,6 +108,21 @@ def test_policy_ports_seed_and_key_can_be_chosen(monkeypatch):
     assert _flag(specs["scheduler"].argv, "--policy") == "vllm"
 
 
+def test_replicas_put_a_router_on_the_scheduler_port_in_front_of_n_replicas(monkeypatch):
+    specs = _specs(monkeypatch, "--replicas", "3", "--router-policy", "least-loaded")
+    schedulers = [specs[f"scheduler-{i}"] for i in range(3)]
+    assert all(f"executor-{i}" in specs for i in range(3)) and "scheduler" not in specs
+    for i, sched in enumerate(schedulers):       # each replica drives its own executor
+        assert _flag(sched.argv, "--executor") == specs[f"executor-{i}"].url
+    router = specs["router"]
+    assert router.url == "grpc://127.0.0.1:50051"        # what the SDK and the gateway dial
+    assert _flag(router.argv, "--replicas").split(",") == \
+        [s.url.removeprefix("grpc://") for s in schedulers]
+    assert _flag(router.argv, "--policy") == "least-loaded"
+    assert _flag(router.argv, "--predictor") == specs["predictor"].url
+    assert _flag(specs["gateway"].argv, "--scheduler") == router.url
+
+
 def test_a_taken_port_stops_up_before_any_service_starts(capsys):
     from lenserve.cli import main
     with socket.socket() as taken:
@@ -407,3 +422,25 @@ def test_a_port_whose_last_server_just_stopped_is_not_taken():
         holder.listen()
         with pytest.raises(PortTaken):
             claim_port("127.0.0.1", port, "gateway", "--port")
+
+
+@pytest.mark.slow
+def test_up_with_replicas_serves_through_a_killed_replica_and_uses_it_again():
+    proc, lines = _start_up("--no-predictor", "--replicas", "2")
+    try:
+        out = "".join(_wait_for(lines, "ready", 240))
+        url = re.search(r"gateway\s+(http://\S+)", out).group(1)
+        pid = int(re.search(r"scheduler-0\s+\S+\s+\(pid (\d+)\)", out).group(1))
+        with _Load(url) as load:
+            _until(lambda: load.num_ok >= 10, 60, "requests served")
+            os.kill(pid, signal.SIGKILL)
+            _wait_for(lines, "scheduler-0 restarted", 30)
+            served = load.num_ok
+            _until(lambda: load.num_ok >= served + 20, 120, "requests served after the kill")
+        # Only requests running on the killed replica may fail (two threads: two at most);
+        # the gateway reports them as a failed generation, not as a hang.
+        assert len(load.failures) <= 2, load.failures[:3]
+        assert all("generation_failed" in f for f in load.failures), load.failures[:3]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0

@@ -102,7 +102,8 @@ def format_report(results: list[dict]) -> str:
     return "\n\n".join(tables)
 
 
-def write_json(path: str | Path, config: dict, results: list[dict], runs: Sequence[BackendRun]) -> None:
+def write_json(path: str | Path, config: dict, results: list[dict], runs: Sequence[BackendRun],
+               records: bool = True) -> None:
     """The config, each run's summary, and each run's per-request records, one per line:
     indenting every token time made large runs' files long and slow to write."""
     marker = f"@requests-{uuid.uuid4().hex}@"
@@ -116,10 +117,10 @@ def write_json(path: str | Path, config: dict, results: list[dict], runs: Sequen
         f.write(parts[0])
         for run, rest in zip(runs, parts[1:]):
             f.write("[")
-            for i, rec in enumerate(run.records):
+            for i, rec in enumerate(run.records if records else ()):
                 f.write(",\n" if i else "\n")
                 f.write(json.dumps(_plain(rec.to_json()), default=str))
-            f.write("\n]" if run.records else "]")
+            f.write("\n]" if run.records and records else "]")
             f.write(rest)
 
 

@@ -36,7 +36,7 @@ class SimSpec:
     prompt_text: object = None     # token ids -> text for the predictor (None: no text)
 
 
-def build_engine(spec: SimSpec, clock: VirtualClock) -> EngineCore:
+def build_engine(spec: SimSpec, clock: VirtualClock, time_model=None) -> EngineCore:
     t, o = spec.target, spec.options
     blocks = num_gpu_blocks(spec)
     charged = t.overheads
@@ -54,7 +54,8 @@ def build_engine(spec: SimSpec, clock: VirtualClock) -> EngineCore:
         enable_prefix_caching=o.enable_prefix_caching)
     engine = EngineCore(**engine_parts(config, executor,
                                        kv_manager=host_tier(spec, executor, clock)),
-                        tokenizer=None, clock=clock, finished_outputs_only=True)
+                        tokenizer=None, clock=clock, finished_outputs_only=True,
+                        time_model=time_model)
     latency = charged.predictor_for(predictor) if charged else 0.0
     if engine.predictions is not None and latency > 0:
         from services.simulator.overheads import DelayedPredictions

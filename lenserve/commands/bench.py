@@ -131,6 +131,9 @@ def add_workload_arguments(p: argparse.ArgumentParser,
                         "(tp + tg x output tokens); without TP_MS:TG_MS, tp and tg are the "
                         "mean TTFT and TPOT of the first backend at the lowest rate")
     p.add_argument("--result-json", help="write summaries and per-request records here")
+    p.add_argument("--no-records", action="store_true",
+                   help="leave the per-request records out of --result-json (summaries only: "
+                        "a long simulated sweep's records run to hundreds of MB)")
     p.add_argument("--plot", help="PNG path for the sweep figure (default: next to the JSON)")
     p.add_argument("--disable-tqdm", action="store_true")
     p.add_argument("--no-token-cache", action="store_true",
@@ -285,7 +288,8 @@ def with_predictor(spec: BackendSpec, options: BackendOptions,
 def write_outputs(args: argparse.Namespace, results: list[dict], runs: list[BackendRun]) -> None:
     if args.result_json:
         config = {k: v for k, v in vars(args).items() if k != "func"}
-        write_json(args.result_json, config, results, runs)
+        write_json(args.result_json, config, results, runs,
+                   records=not getattr(args, "no_records", False))
     if args.sweep_rates and results:
         plot = args.plot or (str(Path(args.result_json).with_suffix(".png")) if args.result_json
                              else "bench_normalized_latency.png")

@@ -1,5 +1,5 @@
 """``lenserve serve-scheduler`` / ``serve-executor`` / ``serve-kvmanager`` /
-``serve-gateway``: the services' own ``__main__`` parsers and entry points, under the one
+``serve-gateway`` / ``serve-router``: the services' own ``__main__`` parsers and entry points, under the one
 command."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ def register(subparsers) -> None:
     from gateway import __main__ as gateway_main
     from services.executor import __main__ as executor_main
     from services.kvmanager import __main__ as kvmanager_main
+    from services.router import __main__ as router_main
     from services.scheduler import __main__ as scheduler_main
 
     s = subparsers.add_parser("serve-scheduler", help="run the gRPC SchedulerService "
@@ -27,3 +28,8 @@ def register(subparsers) -> None:
                               "front of a scheduler service (same flags as python -m gateway)")
     gateway_main.add_arguments(g)
     g.set_defaults(func=gateway_main.serve)
+    r = subparsers.add_parser("serve-router", help="run the router: the scheduler's gRPC "
+                              "contract in front of N scheduler replicas, placing each request "
+                              "(same flags as python -m services.router)")
+    router_main.add_arguments(r)
+    r.set_defaults(func=router_main.serve)

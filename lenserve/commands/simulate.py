@@ -4,7 +4,8 @@ policies run against a cost model instead of a model: fitted to a measured profi
 analytical roofline for the papers' settings (``--hardware``/``--model-shape``, estimates).
 
 Same workloads, arrivals, metrics, table, JSON and sweep figure as ``lenserve bench``;
-backends are ``sim:<policy>``."""
+backends are ``sim:<policy>``. ``--replicas N --router P[,P...]``: cluster mode, the real
+router core over N simulated replicas of that policy (backends ``sim:<policy>/<router>``)."""
 from __future__ import annotations
 
 import argparse
@@ -28,6 +29,8 @@ from lenserve.commands.engine_args import add_engine_arguments
 from lenserve.workloads import load_samples
 from services.hardware import DTYPE_AUTO_HELP
 from services.predictor.local import reads_prompts
+from services.router.policies import DEFAULT_POLICY as DEFAULT_ROUTER
+from services.router.policies import POLICIES as ROUTER_POLICIES
 from services.scheduler.policies import POLICIES
 from services.simulator.roofline import HARDWARE
 from services.simulator.shapes import MODEL_SHAPES
@@ -58,9 +61,31 @@ def register(subparsers) -> None:
                         "charge, a JSON file as benchmarks/sim_overheads.py writes (default: "
                         "the measured services/simulator/data/overheads.json; none: charge "
                         "nothing)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="cluster mode: this many simulated replicas behind the router (1: one "
+                        "engine, no router)")
+    p.add_argument("--router", default=None,
+                   help="cluster mode: comma-separated router policies to compare "
+                        f"({', '.join(sorted(ROUTER_POLICIES))}; default {DEFAULT_ROUTER})")
+    p.add_argument("--load-interval", type=float, default=0.1,
+                   help="cluster mode: virtual seconds between a replica's load reports")
     add_workload_arguments(p)
     add_engine_arguments(p)
     p.set_defaults(func=run_simulate)
+
+
+def parse_routers(args: argparse.Namespace) -> list[str | None]:
+    """The router policies of a cluster run ([None]: one engine, no router)."""
+    if args.replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    if args.replicas == 1 and args.router is None:
+        return [None]
+    names = [n.strip() for n in (args.router or DEFAULT_ROUTER).split(",") if n.strip()]
+    unknown = [n for n in names if n not in ROUTER_POLICIES]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ValueError(f"--router must name each of {', '.join(sorted(ROUTER_POLICIES))} "
+                         f"at most once, got {args.router!r}")
+    return names
 
 
 def parse_sim_backends(text: str) -> list[tuple[str, str]]:
@@ -96,10 +121,11 @@ def sim_target(args: argparse.Namespace):
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from lenserve.bench.simulation import SimSpec, simulate
+    from lenserve.bench.simulation import SimSpec
     from services.simulator.target import precision_mismatch
 
     specs = parse_sim_backends(args.backends)
+    routers = parse_routers(args)
     slos, rates = parse_goodput(args.goodput), parse_rates(args)
     jct_slo = parse_jct_slo(args.jct_slo)
     target = sim_target(args)
@@ -124,13 +150,14 @@ def run_simulate(args: argparse.Namespace) -> int:
         text = _prompt_text(tokenizer) if reads_prompts(args.predictor) else None
         print("\n".join(target.notes), file=sys.stderr)
         runs = []
-        for name, policy in specs:
-            spec = SimSpec(name, policy, target, options, text)
+        for (name, policy), router in ((s, r) for s in specs for r in routers):
+            label = name if router is None else f"{name}/{router}"
+            spec = SimSpec(label, policy, target, options, text)
             for workload, rate in zip(workloads, rates):
                 began, cpu = time.perf_counter(), time.process_time()
-                runs.append(simulate(spec, workload, rate, not args.disable_tqdm))
+                runs.append(_run_one(spec, router, args, workload, rate))
                 wall, cpu = time.perf_counter() - began, time.process_time() - cpu
-                print(f"{name} @ {rate:g} req/s: simulated {runs[-1].duration_s:.1f}s in "
+                print(f"{label} @ {rate:g} req/s: simulated {runs[-1].duration_s:.1f}s in "
                       f"{wall:.1f}s ({cpu:.1f}s of CPU)", file=sys.stderr)
         results = summarize_runs(runs, slos, jct_slo)
         print(format_report(results))
@@ -138,6 +165,15 @@ def run_simulate(args: argparse.Namespace) -> int:
     finally:
         gc.unfreeze()
     return 0
+
+
+def _run_one(spec, router: str | None, args: argparse.Namespace, workload, rate: float):
+    from lenserve.bench.simulation import simulate
+    if router is None:
+        return simulate(spec, workload, rate, not args.disable_tqdm)
+    from lenserve.bench.cluster import ClusterSpec, simulate_cluster
+    cluster = ClusterSpec(args.replicas, router, args.load_interval)
+    return simulate_cluster(spec, cluster, workload, rate, not args.disable_tqdm)
 
 
 def _presets() -> set[str]:

@@ -53,6 +53,11 @@ def register(subparsers) -> None:
                         "nothing (it learns from served requests only)")
     p.add_argument("--no-predictor", action="store_true",
                    help="no predictor service (length-aware policies then see defaults)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="scheduler replicas, each with its own executor, behind the router "
+                        "(which then takes --scheduler-port); 1: one scheduler, no router")
+    p.add_argument("--router-policy", default="length-aware",
+                   help="with --replicas > 1: round-robin, least-loaded or length-aware")
     p.add_argument("--host", default="127.0.0.1", help="address every service binds")
     p.set_defaults(func=run)
 
@@ -104,33 +109,58 @@ def _kv_int8(args: argparse.Namespace) -> bool:
 
 
 def build_specs(args: argparse.Namespace) -> list[ServiceSpec]:
+    """The services in start order. With ``--replicas N`` (> 1): N replicas (executor,
+    kvmanager with ``--swap-space``, scheduler; suffixed ``-0``...), the router on the
+    published scheduler port in front of them, the gateway in front of the router: the shape
+    ``deploy/kubernetes`` runs, on one machine."""
+    if args.replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
     host = args.host
     # The published ports first: a taken one stops `up` before any service has started.
     scheduler_port = claim_port(host, args.scheduler_port, "scheduler", "--scheduler-port")
     gateway_port = claim_port(host, args.port, "gateway", "--port")
-    model = ("--model", args.model, "--block-size", str(args.block_size))
-    sizes = [*(("--num-gpu-blocks", str(args.num_gpu_blocks)) if args.num_gpu_blocks else ()),
-             *(("--max-model-len", str(args.max_model_len)) if args.max_model_len else ())]
-    specs = [_grpc_spec("executor", ("services.executor",), host, free_port(host), *model, *sizes)]
-    kvmanager = ()
-    if args.swap_space > 0:
-        specs.append(_grpc_spec("kvmanager", ("services.kvmanager",), host, free_port(host),
-                                "--executor", specs[0].url, "--swap-space", str(args.swap_space),
-                                *(("--int8",) if _kv_int8(args) else ())))
-        kvmanager = ("--kvmanager", specs[-1].url)
-    predictor = "none"
+    specs, predictor = [], "none"
     if not args.no_predictor:
         specs.append(_grpc_spec("predictor", ("services.predictor", "serve"), host,
                                 free_port(host), "--model", args.model,
                                 "--seed-data", args.predictor_seed))
         predictor = specs[-1].url
-    policy_config = ("--policy-config", *args.policy_config) if args.policy_config else ()
-    specs.append(_grpc_spec("scheduler", ("services.scheduler",), host, scheduler_port, *model,
-                            *sizes, "--executor", specs[0].url, *kvmanager,
-                            "--predictor", predictor,
-                            "--policy", args.policy, *policy_config))
+    if args.replicas == 1:
+        specs += replica_specs(args, "", scheduler_port, predictor)
+    else:
+        for i in range(args.replicas):
+            specs += replica_specs(args, f"-{i}", free_port(host), predictor)
+        schedulers = [s.url.removeprefix("grpc://") for s in specs
+                      if s.name.startswith("scheduler-")]
+        specs.append(_grpc_spec("router", ("services.router",), host, scheduler_port,
+                                "--replicas", ",".join(schedulers),
+                                "--policy", args.router_policy,
+                                *(("--predictor", predictor) if predictor != "none" else ())))
     gateway = gateway_spec(host, gateway_port, specs[-1].url, args.model, api_keys(args))
     return specs + ([gateway] if gateway else [])
+
+
+def replica_specs(args: argparse.Namespace, suffix: str, scheduler_port: int,
+                  predictor: str) -> list[ServiceSpec]:
+    """One replica: its executor, its kvmanager (with ``--swap-space``), its scheduler."""
+    host = args.host
+    model = ("--model", args.model, "--block-size", str(args.block_size))
+    sizes = [*(("--num-gpu-blocks", str(args.num_gpu_blocks)) if args.num_gpu_blocks else ()),
+             *(("--max-model-len", str(args.max_model_len)) if args.max_model_len else ())]
+    executor = _grpc_spec(f"executor{suffix}", ("services.executor",), host, free_port(host),
+                          *model, *sizes)
+    specs, kvmanager = [executor], ()
+    if args.swap_space > 0:
+        specs.append(_grpc_spec(f"kvmanager{suffix}", ("services.kvmanager",), host,
+                                free_port(host), "--executor", executor.url,
+                                "--swap-space", str(args.swap_space),
+                                *(("--int8",) if _kv_int8(args) else ())))
+        kvmanager = ("--kvmanager", specs[-1].url)
+    policy_config = ("--policy-config", *args.policy_config) if args.policy_config else ()
+    specs.append(_grpc_spec(f"scheduler{suffix}", ("services.scheduler",), host, scheduler_port,
+                            *model, *sizes, "--executor", executor.url, *kvmanager,
+                            "--predictor", predictor, "--policy", args.policy, *policy_config))
+    return specs
 
 
 def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
@@ -183,6 +213,8 @@ def describe(supervisor: Supervisor, args: argparse.Namespace) -> list[str]:
         lines.append(f"{spec.name:<10} {spec.url}  (pid {run_.proc.pid}{more})")
     if "gateway" not in supervisor.running:
         lines.append("gateway    not started: no `gateway` package")
+    if args.replicas > 1:
+        lines.append(f"router     {args.router_policy} over {args.replicas} scheduler replicas")
     if args.no_predictor:
         lines.append(f"policy     {args.policy}, without a predictor: length-aware policies "
                      "see default lengths")
@@ -194,7 +226,7 @@ def describe(supervisor: Supervisor, args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     try:
         specs = build_specs(args)
-    except PortTaken as exc:
+    except (PortTaken, ValueError) as exc:
         print(f"lenserve up: {exc}", file=sys.stderr, flush=True)
         return 2
     supervisor = Supervisor(specs, report=partial(print, flush=True))

@@ -96,3 +96,33 @@ class SubmitRequest(_message.Message):
 class SubmitResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class LoadRequest(_message.Message):
+    __slots__ = ("interval_s",)
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    interval_s: float
+    def __init__(self, interval_s: _Optional[float] = ...) -> None: ...
+
+class ReplicaLoad(_message.Message):
+    __slots__ = ("stats", "block_size", "queued_prefill_tokens", "remaining_decode_tokens", "num_unpredicted", "rates_fitted", "t0_s", "alpha_s", "beta_s", "draining")
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_DECODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_UNPREDICTED_FIELD_NUMBER: _ClassVar[int]
+    RATES_FITTED_FIELD_NUMBER: _ClassVar[int]
+    T0_S_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_S_FIELD_NUMBER: _ClassVar[int]
+    BETA_S_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    stats: SchedulerStats
+    block_size: int
+    queued_prefill_tokens: int
+    remaining_decode_tokens: int
+    num_unpredicted: int
+    rates_fitted: bool
+    t0_s: float
+    alpha_s: float
+    beta_s: float
+    draining: bool
+    def __init__(self, stats: _Optional[_Union[SchedulerStats, _Mapping]] = ..., block_size: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., remaining_decode_tokens: _Optional[int] = ..., num_unpredicted: _Optional[int] = ..., rates_fitted: _Optional[bool] = ..., t0_s: _Optional[float] = ..., alpha_s: _Optional[float] = ..., beta_s: _Optional[float] = ..., draining: _Optional[bool] = ...) -> None: ...

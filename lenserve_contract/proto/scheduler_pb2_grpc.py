@@ -60,6 +60,11 @@ class SchedulerServiceStub:
                 request_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.StatsRequest.SerializeToString,
                 response_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.SchedulerStats.FromString,
                 _registered_method=True)
+        self.StreamLoad = channel.unary_stream(
+                '/lenserve.proto.SchedulerService/StreamLoad',
+                request_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.LoadRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.ReplicaLoad.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -96,6 +101,12 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamLoad(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +134,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.StatsRequest.FromString,
                     response_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.SchedulerStats.SerializeToString,
+            ),
+            'StreamLoad': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamLoad,
+                    request_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.LoadRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.ReplicaLoad.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -260,6 +276,33 @@ class SchedulerService:
             '/lenserve.proto.SchedulerService/GetStats',
             lenserve__contract_dot_proto_dot_scheduler__pb2.StatsRequest.SerializeToString,
             lenserve__contract_dot_proto_dot_scheduler__pb2.SchedulerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lenserve.proto.SchedulerService/StreamLoad',
+            lenserve__contract_dot_proto_dot_scheduler__pb2.LoadRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_scheduler__pb2.ReplicaLoad.FromString,
             options,
             channel_credentials,
             insecure,

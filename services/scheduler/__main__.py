@@ -99,6 +99,7 @@ def config_from_args(args: argparse.Namespace) -> SchedulerServiceConfig:
 def build_engine(config: SchedulerServiceConfig):
     from services.scheduler.async_engine import AsyncEngine
     from services.scheduler.engine_core import EngineCore
+    from services.scheduler.policies.time_model import ExecutionTimeModel
     from services.scheduler.wiring import engine_parts
 
     def build() -> EngineCore:     # on the engine's thread: an in-process model loads there
@@ -110,7 +111,9 @@ def build_engine(config: SchedulerServiceConfig):
             from services.kvmanager.client import KVManagerClient
             kv_manager = KVManagerClient(config.kvmanager)
         parts = engine_parts(config.engine, executor, kv_manager=kv_manager)
-        return EngineCore(**parts, tokenizer=parts["executor"].tokenizer)
+        # Its own time model, fitted whatever the policy: the load a router places by.
+        return EngineCore(**parts, tokenizer=parts["executor"].tokenizer,
+                          time_model=ExecutionTimeModel())
 
     return AsyncEngine(build)
 
@@ -121,12 +124,15 @@ async def serve_async(config: SchedulerServiceConfig) -> int:
 
     engine = build_engine(config)
     server, port = build_server(engine, f"{config.host}:{config.port}")
+    servicer = server.servicer          # type: ignore[attr-defined]
     await server.start()
     await mark_serving(server)
     log.info("scheduler serving %s (policy %s, executor %s) on %s:%d",
              engine.engine.model_info.name, config.engine.policy, config.executor,
              config.host, port)
     await rpc.wait_for_signal()
+    servicer.draining = True                  # load reports say so: routers place elsewhere
+    await asyncio.sleep(min(config.grace_s, 0.3))
     await server.stop(grace=config.grace_s)   # open streams finish or are aborted
     engine.shutdown()
     engine.engine.close()

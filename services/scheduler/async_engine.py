@@ -100,6 +100,10 @@ class AsyncEngine:
     async def stats(self):
         return await self._call("stats")
 
+    async def load(self, draining: bool = False):
+        """The engine's ``ReplicaLoad`` (what a router places by), read on its thread."""
+        return await self._call("load", draining)
+
     async def _call(self, op: str, *args):
         self._ensure_started()
         future: Future = Future()
@@ -175,6 +179,10 @@ class AsyncEngine:
 
     def _do_stats(self):
         return self.engine.stats()
+
+    def _do_load(self, draining: bool):
+        from services.scheduler.load import replica_load
+        return replica_load(self.engine, draining=draining)
 
     def _deliver(self, request_id: str, item, final: bool) -> None:
         self._post([(request_id, item, final)])

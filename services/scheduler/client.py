@@ -190,7 +190,7 @@ class _Multiplexer:
         self.pending[request_id] = (queue, "")
         stream = _Stream(prompt)
         try:
-            await self._submit(msg, queue)
+            await self._submit(msg, queue, deadline)
             while True:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 try:
@@ -210,7 +210,7 @@ class _Multiplexer:
                 except grpc.RpcError:
                     pass        # the scheduler is gone: nothing left to abort
 
-    async def _submit(self, msg, queue: asyncio.Queue) -> None:
+    async def _submit(self, msg, queue: asyncio.Queue, deadline: float | None = None) -> None:
         """Submit on the open subscription, opening it (again) first when needed; UNAVAILABLE
         is retried as a stream's open is. The request is marked as sent on the subscription
         before the call, so that a subscription lost during it fails the request rather than
@@ -223,7 +223,11 @@ class _Multiplexer:
                     queue.get_nowait()
                 request = scheduler_pb2.SubmitRequest(subscriber_id=self.subscriber_id,
                                                       request=msg)
-                await self.client._stub.Submit(request, timeout=self.client.call_timeout_s)
+                # The request's deadline bounds its Submit too: a router may hold it there
+                # while no replica is up.
+                timeout = self.client.call_timeout_s if deadline is None else \
+                    max(0.001, min(self.client.call_timeout_s, deadline - time.monotonic()))
+                await self.client._stub.Submit(request, timeout=timeout)
                 return
             except grpc.aio.AioRpcError as err:
                 unknown = err.code() == grpc.StatusCode.FAILED_PRECONDITION

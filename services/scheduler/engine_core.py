@@ -53,7 +53,7 @@ class EngineCore:
     def __init__(self, scheduler_config: SchedulerConfig, executor: Executor, *, tokenizer=None,
                  predictions: PredictionPump | None = None, kv_manager: KVManager | None = None,
                  clock: Callable[[], float] = time.monotonic, check_integrity: bool = False,
-                 finished_outputs_only: bool = False):
+                 finished_outputs_only: bool = False, time_model=None):
         self.executor = executor
         self.tokenizer = tokenizer if tokenizer is not None else getattr(executor, "tokenizer", None)
         self.model_info = executor.model_info()
@@ -84,6 +84,9 @@ class EngineCore:
         # the policy did not issue ahead), and those issued ahead, which it did not.
         self.num_upload_waits = self.num_uploads_ahead = 0
         self.profile = StepProfile()
+        # An ``ExecutionTimeModel`` fed every executed iteration, for a replica's load report
+        # (a router places by it); None: only a policy that owns one fits it.
+        self.time_model = time_model
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None,
@@ -206,6 +209,8 @@ class EngineCore:
         updated = scheduler.update_from_output(out, result, self.clock())
         if result.top_logprobs:
             self._record_logprobs(result)
+        if self.time_model is not None:     # after the update, as a policy's own model sees it
+            self.time_model.observe_iteration(out, result)
         if self.finished_outputs_only:
             updated = scheduler.finished_in_update
         outputs = failed + [self._make_output(r) for r in updated]

@@ -7,6 +7,7 @@ cancellation reaches ``AsyncEngine.generate``, whose clean-up aborts it in the c
 cancelled subscription aborts every request still running on it."""
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import grpc
@@ -21,10 +22,15 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "lenserve.proto.SchedulerService"
 
 
+LOAD_INTERVAL_S = 0.1     # StreamLoad's default: a router's view is this stale at most
+
+
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(self, engine: AsyncEngine):
         self.engine = engine
         self._subscriptions: dict[str, _Subscription] = {}
+        # Set when the service stops: load reports say so, and a router places nothing new.
+        self.draining = False
 
     async def Generate(self, request, context):
         try:
@@ -85,6 +91,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def GetStats(self, request, context):
         return convert.stats_to_pb(await self.engine.stats())
 
+    async def StreamLoad(self, request, context):
+        interval = request.interval_s if request.interval_s > 0 else LOAD_INTERVAL_S
+        while True:
+            try:
+                load = await self.engine.load(self.draining)
+            except RuntimeError as exc:       # the engine stopped
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            yield convert.load_to_pb(load)
+            await asyncio.sleep(max(interval, 0.01))
+
 
 async def _abort_invalid(context, message: str, field: str) -> None:
     """INVALID_ARGUMENT, naming the bad field in the trailing metadata for the client."""
@@ -120,8 +136,9 @@ class _Subscription:
 def build_server(engine: AsyncEngine, address: str) -> tuple[grpc.aio.Server, int]:
     """An unstarted server on address ('127.0.0.1:0' picks a free port)."""
     server, port = rpc.new_server(address, "scheduler")
-    rpc.add_service(server, scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server,
-                    SchedulerServicer(engine))
+    servicer = SchedulerServicer(engine)
+    rpc.add_service(server, scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, servicer)
+    server.servicer = servicer      # type: ignore[attr-defined] - its draining flag
     return server, port
 
 

@@ -85,3 +85,12 @@ def test_jct_slo_reference_is_the_first_backend_at_its_lowest_rate():
     assert results[1]["summary"]["num_preemptions"] == 4
     text = format_report(results)
     assert "SLO satisfaction ratio (%)" in text and "Preemptions" in text
+
+
+def test_json_without_records_keeps_the_summaries(tmp_path):
+    runs = [run("a", 1.0), run("b", 2.0)]
+    path = tmp_path / "r.json"
+    write_json(path, {}, summarize_runs(runs, {}), runs, records=False)
+    data = json.loads(path.read_text())
+    assert [e["requests"] for e in data["runs"]] == [[], []]
+    assert all(e["summary"]["completed"] for e in data["runs"])

@@ -21,6 +21,8 @@ from benchmarks import (  # noqa: E402
     policies_cpu,
     policies_simulated,
     predictor_accuracy,
+    router,
+    router_simulated,
     runs,
     stamp,
 )
@@ -114,6 +116,34 @@ def test_policies_simulated_quick_writes_json_figure_and_one_section(tmp_path):
     assert section_count(text, "policies_simulated") == 1
     assert "![" in text and "(results/policies_simulated.png)" in text
     assert page.orphan_sections(out.page, out.results) == []
+
+
+def test_router_quick_writes_json_figure_and_one_section(tmp_path):
+    data = tiny_sharegpt(tmp_path / "tiny.jsonl.gz")
+    argv = ["--quick", "--skip-real", "--dataset-path", str(data), "--docs",
+            str(tmp_path / "docs"), "--raw", str(tmp_path / "raw")]
+    assert router.main(argv) == 0
+    out = output.Outputs(docs=tmp_path / "docs", raw=tmp_path / "raw")
+    record = json.loads(out.file("router", "json").read_text())
+    assert "--replicas 8" in record["lenserve_commands"][0]
+    assert {(r["inner"], r["router"]) for r in record["runs"]} == {
+        (i, r) for i in router_simulated.INNER for r in router_simulated.ROUTERS}
+    assert {row["router"] for row in record["sustained"]} == set(router_simulated.ROUTERS)
+    assert out.file("router", "png").stat().st_size > 0
+    assert section_count(out.page.read_text(), "router") == 1
+    made = (tmp_path / "raw" / "sim_8.json").stat().st_mtime_ns
+    assert router.main([*argv, "--reuse-raw"]) == 0         # published again, not re-run
+    assert (tmp_path / "raw" / "sim_8.json").stat().st_mtime_ns == made
+    assert section_count(out.page.read_text(), "router") == 1
+
+
+def test_router_gain_is_length_aware_over_least_loaded_and_unbounded_rates_give_none():
+    rows = [{"replicas": 8, "inner": "vllm", "router": "least-loaded", "k": (60.0, "")},
+            {"replicas": 8, "inner": "vllm", "router": "length-aware", "k": (66.0, "")}]
+    assert router_simulated.gain(rows, "k", 8, "vllm") == pytest.approx(1.1)
+    rows[1]["k"] = (88.0, ">=")
+    assert router_simulated.gain(rows, "k", 8, "vllm") != router_simulated.gain(rows, "k", 8,
+                                                                                 "vllm")
 
 
 def bench_run(policy, rate, nl, pred=None):

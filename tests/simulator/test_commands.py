@@ -30,6 +30,8 @@ def test_simulate_refuses_a_profile_of_another_model(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--backends", "lenserve:vllm"], "use sim:<policy>"),
     (["--hardware", "h100"], "--hardware and --model-shape go together"),
+    (["--replicas", "0"], "--replicas must be >= 1"),
+    (["--replicas", "2", "--router", "random"], "--router must name each of"),
 ])
 def test_simulate_flag_errors(argv, message, capsys):
     assert main(["simulate", "--num-prompts", "2", *argv]) == 2

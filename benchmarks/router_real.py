@@ -1,0 +1,192 @@
+"""The real half of ``benchmarks/router.py``, on this machine: three scheduler replicas of
+opt-125m (in-process executors, random weights, outputs forced to the replies' lengths), one
+predictor service, and one router per policy in front of the same replicas, so the policies
+meet the same replicas back to back. Measures, per run: each router's summary at a loaded
+rate (``lenserve bench``'s metrics), the router hop's added latency (a one-token request
+straight to a replica against one through a router, interleaved), and the replica-kill drill
+(a replica killed under load: lost requests that had not started, failures that had)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.stamp import REPO
+
+ROUTERS = ("round-robin", "least-loaded", "length-aware")
+MODEL = "opt-125m"
+BOUND_S = 600
+
+
+class Cluster:
+    """The processes of one measurement, started together and stopped by their ids."""
+
+    def __init__(self, raw: Path, replicas: int = 3, model: str = MODEL):
+        self.raw, self.num_replicas, self.model = raw, replicas, model
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.ports: dict[str, int] = {}
+
+    def _spawn(self, name: str, *argv: str) -> None:
+        from lenserve.commands.up import free_port
+        port = self.ports[name] = free_port("127.0.0.1")
+        env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+        log = open(self.raw / f"{name}.log", "w")        # noqa: SIM115 - closed with the process
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", *argv, "--host", "127.0.0.1", "--port", str(port)],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def target(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    def start(self) -> None:
+        self.raw.mkdir(parents=True, exist_ok=True)
+        self._spawn("predictor", "services.predictor", "serve", "--model", self.model,
+                    "--seed-data", "bundled")
+        for i in range(self.num_replicas):
+            self._spawn(f"replica-{i}", "services.scheduler", "--model", self.model,
+                        "--policy", "vllm", "--max-num-seqs", "8")
+        replicas = ",".join(self.target(f"replica-{i}") for i in range(self.num_replicas))
+        for router in ROUTERS:
+            predictor = ("--predictor", f"grpc://{self.target('predictor')}") \
+                if router == "length-aware" else ()
+            self._spawn(router, "services.router", "--replicas", replicas, "--policy", router,
+                        *predictor)
+        self._wait_healthy()
+
+    def _wait_healthy(self) -> None:
+        from services.rpc import check_health
+        deadline = time.monotonic() + BOUND_S
+        for name in self.procs:
+            while not check_health(self.target(name)):
+                if self.procs[name].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{name} did not start; see {self.raw / name}.log")
+                time.sleep(1)
+
+    def kill(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def workload(dataset: Path, num: int, rate: float, max_output: int = 48, seed: int = 0):
+    """``num`` ShareGPT prompts (cut to 128 tokens) with their replies' lengths (capped),
+    Poisson arrivals at ``rate``: (prompt token ids, output length, arrival offset)."""
+    from lenserve.workloads import load_samples
+    from services.executor.factory import load_tokenizer
+    tok = load_tokenizer(MODEL)
+    rng = random.Random(seed)
+    samples = [s for s in load_samples("sharegpt", dataset) if s.prompt and s.reference]
+    rng.shuffle(samples)
+    out, t = [], 0.0
+    for s in samples[:num]:
+        ids = tok.encode(s.prompt)[:128]
+        n = max(4, min(max_output, len(tok.encode(s.reference))))
+        out.append((ids, n, t))
+        t += rng.expovariate(rate)
+    return out, tok
+
+
+async def _one(client, rid: str, ids, n: int, arrival: float, t0: float, text: str):
+    from lenserve.bench.metrics import RequestRecord
+    from lenserve_contract.sampling_params import SamplingParams
+    await asyncio.sleep(max(0.0, t0 + arrival - time.perf_counter()))
+    start, times, error = time.perf_counter(), [], None
+    try:
+        params = SamplingParams(max_tokens=n, ignore_eos=True, temperature=0)
+        async for out in client.generate(text, params, rid):
+            now = time.perf_counter() - t0
+            times += [now] * len(out.outputs[0].token_ids)
+            error = out.error or error
+    except Exception as exc:  # noqa: BLE001 - a failed request is recorded, not raised
+        error = f"{type(exc).__name__}: {exc}"
+    return RequestRecord(rid, len(ids), n, start - t0, times, time.perf_counter() - t0,
+                         error if error or len(times) == n else f"{len(times)} of {n} tokens")
+
+
+async def drive(target: str, requests, tok, tag: str):
+    """Send the workload through ``target``; (records, wall seconds)."""
+    from lenserve.client import AsyncClient
+    async with AsyncClient(target, multiplex=True) as client:
+        t0 = time.perf_counter()
+        texts = [tok.decode(ids) for ids, _, _ in requests]
+        records = await asyncio.wait_for(asyncio.gather(*(
+            _one(client, f"{tag}-{i}", ids, n, a, t0, text)
+            for i, ((ids, n, a), text) in enumerate(zip(requests, texts)))), BOUND_S)
+    return list(records), time.perf_counter() - t0
+
+
+async def hop_latency(direct: str, routed: str, num: int = 40) -> dict:
+    """A one-token request straight to a replica, then through the router, ``num`` times
+    each, interleaved: the difference of the medians is what the hop adds."""
+    from lenserve.client import AsyncClient
+    from lenserve_contract.sampling_params import SamplingParams
+    params = SamplingParams(max_tokens=1, temperature=0)
+    times: dict[str, list[float]] = {"direct": [], "routed": []}
+    async with AsyncClient(direct, multiplex=True) as d, AsyncClient(routed, multiplex=True) as r:
+        for i in range(num + 5):
+            for name, client in (("direct", d), ("routed", r)):
+                t = time.perf_counter()
+                async for _ in client.generate("a short prompt", params):
+                    pass
+                if i >= 5:          # the first few warm both paths up
+                    times[name].append(time.perf_counter() - t)
+    p50 = {k: float(np.median(v)) * 1000 for k, v in times.items()}
+    return {"direct_p50_ms": p50["direct"], "routed_p50_ms": p50["routed"],
+            "added_p50_ms": p50["routed"] - p50["direct"], "num": num}
+
+
+async def kill_drill(cluster: Cluster, router: str, requests, tok) -> dict:
+    """The workload through ``router``; once the first request finished, one replica's
+    process is killed. Lost = failed with no token (had not started)."""
+    from lenserve.client import AsyncClient
+    async with AsyncClient(cluster.target(router), multiplex=True) as client:
+        t0 = time.perf_counter()
+        tasks = [asyncio.ensure_future(_one(client, f"kill-{i}", ids, n, 0.0, t0,
+                                            tok.decode(ids)))
+                 for i, (ids, n, _) in enumerate(requests)]
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED,
+                                     timeout=BOUND_S)
+        cluster.kill(f"replica-{cluster.num_replicas - 1}")
+        records = await asyncio.wait_for(asyncio.gather(*tasks), BOUND_S)
+    failed = [r for r in records if not r.success]
+    return {"requests": len(records), "completed": len(records) - len(failed),
+            "failed_started": sum(1 for r in failed if r.token_times),
+            "lost_not_started": sum(1 for r in failed if not r.token_times),
+            "errors": sorted({(r.error or "")[:120] for r in failed})}
+
+
+def measure(dataset: Path, raw: Path, num: int, rate: float, runs: int) -> dict:
+    """``runs`` rounds of (each router at the loaded rate, the hop), then the kill drill."""
+    from lenserve.bench.metrics import summarize
+    requests, tok = workload(dataset, num, rate)
+    cluster = Cluster(raw)
+    cluster.start()
+    result: dict = {"loaded": [], "hop": []}
+    try:
+        for run in range(runs):
+            for router in ROUTERS:
+                records, wall = asyncio.run(drive(cluster.target(router), requests, tok,
+                                                  f"{router}-{run}"))
+                result["loaded"].append({"run": run, "router": router, "rate": rate,
+                                         "summary": summarize(records, wall)})
+            result["hop"].append(asyncio.run(hop_latency(cluster.target("replica-0"),
+                                                         cluster.target("round-robin"))))
+        result["kill"] = asyncio.run(kill_drill(cluster, "length-aware", requests, tok))
+    finally:
+        cluster.stop()
+    return result

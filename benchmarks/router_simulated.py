@@ -1,0 +1,151 @@
+"""The simulated half of ``benchmarks/router.py``: ``lenserve simulate --replicas N --router
+...`` on the roofline cost model of A100-80GB replicas serving Llama-2-7B, ShareGPT, Poisson
+arrivals, seed 0, each replica a KV pool of 1,536 blocks of 16 tokens (as
+``policies_simulated``), predictions with log-normal error sigma 0.7 (median relative error
+about 0.5, the embedded predictor's on ShareGPT). Virtual time: the figures do not depend on
+the machine's load."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from benchmarks import runs, tables
+
+ROUTERS = ("round-robin", "least-loaded", "length-aware")
+INNER = ("vllm", "alise")
+PREDICTOR = "oracle:0.7:0"
+NUM_GPU_BLOCKS = 1536
+TTFT_TARGETS_S = (1.0,)             # P99 TTFT
+NL_TARGETS = (0.025,)               # normalized latency, s/token: 1.6x the unloaded value
+# Per replica count: requests per rate and the rates (req/s), light load to overload.
+FULL = {8: (3000, [64, 70, 74, 78, 84]), 16: (5000, [128, 140, 148, 156, 168])}
+QUICK = {8: (16, [40, 80])}
+SCALE = (16, 100_000, 140)          # replicas, requests, req/s: the size the mode is for
+
+
+def simulate_args(replicas: int, num_prompts: int, rates: list[float], dataset: Path,
+                  result: Path, routers=ROUTERS, inner=INNER, repeat: bool = False) -> list[str]:
+    return ["simulate", "--hardware", "a100-80g", "--model-shape", "llama-2-7b",
+            "--backends", ",".join(f"sim:{p}" for p in inner), "--predictor", PREDICTOR,
+            "--replicas", str(replicas), "--router", ",".join(routers),
+            "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
+            "--num-prompts", str(num_prompts), *(["--repeat-dataset"] if repeat else []),
+            "--num-gpu-blocks", str(NUM_GPU_BLOCKS),
+            "--sweep-rates", ",".join(f"{r:g}" for r in rates), "--seed", "0",
+            "--disable-tqdm", "--no-records", "--result-json", str(result)]
+
+
+def _run(args: list[str], result: Path, log: Path, reuse: bool) -> float:
+    """``lenserve ARGS``, or nothing when ``reuse`` and an earlier run of the same command
+    left its result (virtual time: the same command gives the same figures)."""
+    if reuse and result.exists() and log.exists() and \
+            json.loads(result.read_text())["config"]["sweep_rates"] == args[args.index(
+                "--sweep-rates") + 1]:
+        return 0.0
+    return runs.lenserve(args, log)
+
+
+def run_sweeps(plan: dict, dataset: Path, raw: Path,
+               reuse: bool = False) -> tuple[list[dict], list[str]]:
+    found, commands = [], []
+    for replicas, (num_prompts, rates) in plan.items():
+        result = raw / f"sim_{replicas}.json"
+        args = simulate_args(replicas, num_prompts, rates, dataset, result)
+        _run(args, result, raw / f"sim_{replicas}.log", reuse)
+        commands.append(runs.shown(args))
+        for run in runs.load_runs(result):
+            inner, router = run["policy"].split("/")
+            found.append({**run, "replicas": replicas, "inner": inner, "router": router})
+    return found, commands
+
+
+def run_scale(dataset: Path, raw: Path, reuse: bool = False) -> tuple[dict, str]:
+    """One run of the size cluster mode is for; its wall and CPU time from the command's log."""
+    replicas, num_prompts, rate = SCALE
+    result = raw / "scale.json"
+    args = simulate_args(replicas, num_prompts, [rate], dataset, result,
+                         routers=("length-aware",), inner=("vllm",), repeat=True)
+    wall = _run(args, result, raw / "scale.log", reuse)
+    line = next(x for x in (raw / "scale.log").read_text().splitlines() if "simulated" in x)
+    m = re.search(r"simulated ([\d.]+)s in ([\d.]+)s \(([\d.]+)s of CPU\)", line)
+    summary = json.loads(result.read_text())["runs"][0]["summary"]
+    return ({"replicas": replicas, "requests": num_prompts, "rate": rate,
+             "virtual_s": float(m[1]), "replay_wall_s": float(m[2]), "replay_cpu_s": float(m[3]),
+             "command_wall_s": wall, "completed": summary["completed"],
+             "failed": summary["failed"]}, runs.shown(args))
+
+
+def p99_ttft_s(run: dict) -> float:
+    return run["summary"]["ttft_ms"]["p99"] / 1000.0
+
+
+def sustained(found: list[dict], replicas: int, inner: str, router: str, key, limit: float):
+    points = [(r["request_rate"], key(r)) for r in found
+              if (r["replicas"], r["inner"], r["router"]) == (replicas, inner, router)]
+    return tables.sustained_rate(points, limit)
+
+
+def sustained_rows(found: list[dict]) -> list[dict]:
+    """Per replica count, inner policy and router: the highest rate under each target."""
+    rows = []
+    for replicas in sorted({r["replicas"] for r in found}):
+        for inner in INNER:
+            for router in ROUTERS:
+                row = {"replicas": replicas, "inner": inner, "router": router}
+                for t in TTFT_TARGETS_S:
+                    row[f"p99_ttft<={t:g}s"] = sustained(found, replicas, inner, router,
+                                                         p99_ttft_s, t)
+                for t in NL_TARGETS:
+                    row[f"nl<={t:g}"] = sustained(found, replicas, inner, router,
+                                                  lambda r: r["summary"][tables.NL], t)
+                if any(v[0] == v[0] for k, v in row.items() if "<=" in k):
+                    rows.append(row)
+    return rows
+
+
+def gain(rows: list[dict], key: str, replicas: int, inner: str) -> float:
+    """length-aware's sustained rate over least-loaded's (NaN if either is unbounded)."""
+    by = {r["router"]: r[key] for r in rows if (r["replicas"], r["inner"]) == (replicas, inner)}
+    (la, la_note), (ll, ll_note) = by["length-aware"], by["least-loaded"]
+    return la / ll if ll > 0 and not la_note and not ll_note else float("nan")
+
+
+def sustained_table(rows: list[dict]) -> list[str]:
+    keys = [k for k in rows[0] if "<=" in k] if rows else []
+    body = [[str(r["replicas"]), r["inner"], r["router"],
+             *(f"{r[k][1]}{r[k][0]:.1f}" for k in keys)] for r in rows]
+    heads = [k.replace("p99_ttft", "P99 TTFT ").replace("nl", "NL ") + " (req/s)" for k in keys]
+    return tables.markdown(["replicas", "in the replicas", "router", *heads], body)
+
+
+def ttft_table(found: list[dict], replicas: int) -> list[str]:
+    sub = [{**r, "policy": f"{r['inner']}/{r['router']}"} for r in found
+           if r["replicas"] == replicas]
+    return tables.rate_table(sub, lambda s: s["ttft_ms"]["p99"] / 1000.0, "{:.2f}")
+
+
+def plot(path: Path, found: list[dict]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = sorted({r["replicas"] for r in found})
+    fig, axes = plt.subplots(1, len(counts), figsize=(5 * len(counts), 3.8), squeeze=False)
+    for ax, replicas in zip(axes[0], counts):
+        for i, (inner, router) in enumerate((i, r) for i in INNER for r in ROUTERS):
+            pts = sorted((r["request_rate"], p99_ttft_s(r)) for r in found
+                         if (r["replicas"], r["inner"], r["router"]) == (replicas, inner, router))
+            if pts:
+                ax.plot(*zip(*pts), marker="osD"[i % 3], linestyle="-" if inner == "vllm"
+                        else "--", color=plt.get_cmap("tab10").colors[i % 3],
+                        label=f"{inner} / {router}", markersize=4)
+        ax.set_yscale("log")
+        ax.set_title(f"{replicas} simulated A100s, Llama-2-7B, ShareGPT", fontsize=9)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel("P99 TTFT (s)")
+        ax.grid(True, alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

@@ -1,0 +1,158 @@
+"""The router's pure core: the replicas it knows, what each last reported (``ReplicaLoad``),
+what this router placed on each since, and which requests run where. No sockets, no clock:
+the gRPC shell (``servicer``) and the simulator's cluster mode drive the same object.
+
+A replica is *up* while its load stream is open and it is not draining; only up replicas take
+requests. When one is lost, ``replica_lost`` splits the requests placed on it: those that
+have produced no output token go back for another placement, those that have end with an
+error (their tokens cannot be replayed elsewhere without the client seeing them twice)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.router.policies import RouterPolicy, make_router_policy
+from services.scheduler.load import DEFAULT_OUTPUT_LEN, ReplicaLoad
+
+# Time-model rates before a replica has reported fitted ones (T0, alpha, beta): the scheduler's
+# own prior (a decode step 20 ms, a prompt token a 32nd of that).
+PRIOR_RATES = (0.02 / 32, 0.0, 0.02)
+DEFAULT_KV_TOKENS = 1 << 20     # a replica that has not reported its pool: no overflow
+
+
+@dataclass
+class Placement:
+    """A request as the router places it."""
+    request_id: str
+    prompt_tokens: int
+    predicted_output_len: int = DEFAULT_OUTPUT_LEN
+    replica: str = ""
+    num_output_tokens: int = 0      # forwarded to the client so far
+    attempts: int = 0               # placements so far (re-placed after a replica was lost)
+
+    @property
+    def started(self) -> bool:
+        return self.num_output_tokens > 0
+
+
+@dataclass
+class ReplicaView:
+    name: str
+    index: int
+    up: bool = False
+    load: ReplicaLoad | None = None
+    # Placed since the last load report, which does not count them yet: (prefill, decode).
+    since: dict[str, tuple[int, int]] = field(default_factory=dict)
+    placed: dict[str, Placement] = field(default_factory=dict)      # unfinished, this router's
+    num_placed: int = 0
+
+    def rates(self) -> tuple[float, float, float]:
+        rates = self.load.rates if self.load is not None else None
+        return rates or PRIOR_RATES
+
+    def num_requests(self) -> int:
+        if self.load is None:
+            return len(self.placed)
+        return self.load.stats.num_waiting + self.load.stats.num_running + len(self.since)
+
+    def pending_tokens(self) -> tuple[int, int]:
+        """(prefill, decode) tokens still to run: the report's, plus placements since."""
+        prefill = sum(p for p, _ in self.since.values())
+        decode = sum(d for _, d in self.since.values())
+        if self.load is None:
+            return prefill, decode
+        return self.load.queued_prefill_tokens + prefill, self.load.remaining_decode_tokens + decode
+
+    def kv_tokens_used(self) -> int:
+        """Tokens of KV the pool holds now (0 before a report)."""
+        if self.load is None:
+            return 0
+        s = self.load.stats
+        return (s.num_total_blocks - s.num_free_blocks) * self.load.block_size
+
+    def kv_capacity_tokens(self) -> int:
+        if self.load is None:
+            return DEFAULT_KV_TOKENS
+        return self.load.stats.num_total_blocks * self.load.block_size
+
+
+class NoReplica(Exception):
+    """No replica is up to take the request."""
+
+
+class RouterCore:
+    def __init__(self, policy: str | RouterPolicy = "length-aware"):
+        self.policy = make_router_policy(policy) if isinstance(policy, str) else policy
+        self.replicas: dict[str, ReplicaView] = {}
+        self.requests: dict[str, Placement] = {}
+        self.num_replaced = 0       # placed again after their replica was lost
+        self.num_failed = 0         # ended with an error when their replica was lost
+
+    # -- membership --------------------------------------------------------------------------
+    def add_replica(self, name: str) -> ReplicaView:
+        if name not in self.replicas:
+            self.replicas[name] = ReplicaView(name, len(self.replicas))
+        return self.replicas[name]
+
+    def on_load(self, name: str, load: ReplicaLoad) -> None:
+        """A load report: the replica is up (unless draining) and counts what was placed."""
+        view = self.replicas[name]
+        view.load, view.up = load, not load.draining
+        view.since.clear()
+
+    def up_replicas(self, exclude: frozenset[str] = frozenset()) -> list[ReplicaView]:
+        return [r for r in self.replicas.values() if r.up and r.name not in exclude]
+
+    def replica_lost(self, name: str) -> tuple[list[Placement], list[Placement]]:
+        """Mark the replica down. Returns (to place again, to fail): its requests that had
+        not produced a token, and those that had."""
+        view = self.replicas[name]
+        view.up, view.load = False, None
+        view.since.clear()
+        lost = list(view.placed.values())
+        view.placed.clear()
+        replace = [p for p in lost if not p.started]
+        fail = [p for p in lost if p.started]
+        for p in fail:
+            self.requests.pop(p.request_id, None)
+        self.num_replaced += len(replace)
+        self.num_failed += len(fail)
+        return replace, fail
+
+    def remove_replica(self, name: str) -> tuple[list[Placement], list[Placement]]:
+        """A replica gone from discovery: lost, and forgotten."""
+        result = self.replica_lost(name)
+        del self.replicas[name]
+        return result
+
+    # -- requests ----------------------------------------------------------------------------
+    def place(self, placement: Placement, exclude: frozenset[str] = frozenset()) -> ReplicaView:
+        """Choose a replica for ``placement`` and count it there; NoReplica if none is up."""
+        candidates = self.up_replicas(exclude) or self.up_replicas()
+        if not candidates:
+            raise NoReplica("no scheduler replica is up")
+        view = self.policy.choose(candidates, placement)
+        placement.replica = view.name
+        placement.attempts += 1
+        view.placed[placement.request_id] = placement
+        view.since[placement.request_id] = (placement.prompt_tokens,
+                                            placement.predicted_output_len)
+        view.num_placed += 1
+        self.requests[placement.request_id] = placement
+        return view
+
+    def on_tokens(self, request_id: str, num_tokens: int) -> None:
+        placement = self.requests.get(request_id)
+        if placement is not None:
+            placement.num_output_tokens += num_tokens
+
+    def on_finished(self, request_id: str) -> None:
+        placement = self.requests.pop(request_id, None)
+        if placement is not None:
+            view = self.replicas.get(placement.replica)
+            if view is not None:
+                view.placed.pop(request_id, None)
+                view.since.pop(request_id, None)
+
+    def unplace(self, request_id: str) -> None:
+        """A placement the replica refused or never received (forgotten, not finished)."""
+        self.on_finished(request_id)

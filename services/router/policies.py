@@ -1,0 +1,93 @@
+"""Placement policies: which live replica takes a request. Each reads the replicas' views
+(their last load report plus what this router placed since) and the request's placement
+(prompt length, predicted output length); none keeps state beyond a rotation counter.
+
+* ``round-robin`` ignores load: each live replica in turn.
+* ``least-loaded``: the fewest unfinished requests (queued + running), as the Gateway API
+  Inference Extension's queue-depth scorer and most L7 balancers count load.
+* ``length-aware`` (default): the least predicted wait for a first token. A replica admits a
+  request when its KV pool has room for the queue ahead and the new prompt; it makes room as
+  its requests finish, at a pace set by how many output tokens they are still predicted to
+  generate, through its execution-time model. A replica whose requests are about to finish
+  frees its pool soon, though it holds as many requests as one serving long conversations.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.router.core import Placement, ReplicaView
+
+
+class RouterPolicy(ABC):
+    name = "abstract"
+    needs_prediction = False
+
+    def __init__(self) -> None:
+        self._turn = 0
+
+    def choose(self, replicas: Sequence[ReplicaView], placement: Placement) -> ReplicaView:
+        """One of ``replicas`` (never empty): the lowest score, ties broken in rotation so
+        that equal replicas share the load."""
+        n, start = len(replicas), self._turn
+        self._turn += 1
+        return min(replicas, key=lambda r: (self.score(r, placement),
+                                            (r.index - start) % max(n, 1)))
+
+    @abstractmethod
+    def score(self, replica: ReplicaView, placement: Placement) -> float:
+        """Lower is better."""
+
+
+class RoundRobin(RouterPolicy):
+    name = "round-robin"
+
+    def score(self, replica, placement) -> float:
+        return 0.0
+
+
+class LeastLoaded(RouterPolicy):
+    name = "least-loaded"
+
+    def score(self, replica, placement) -> float:
+        return replica.num_requests()
+
+
+class LengthAware(RouterPolicy):
+    name = "length-aware"
+    needs_prediction = True
+
+    def score(self, replica, placement) -> float:
+        return predicted_wait_s(replica, placement)
+
+
+def predicted_wait_s(replica: ReplicaView, p: Placement) -> float:
+    """Seconds until the request's first token on ``replica``: the wait for its KV pool to free
+    room for the prompts queued ahead and this one, then their prefill.
+
+    Room frees as requests finish: ``used`` tokens over their mean predicted remaining decode
+    steps, each a step of the replica's time model, so ``need`` tokens take ``need * steps *
+    beta / used`` seconds. (A first version placed by the sum of predicted remaining work; with
+    predictions of realistic error it trailed ``least-loaded`` on simulated A100s.)"""
+    t0, _, beta = replica.rates()
+    prefill, decode = replica.pending_tokens()
+    queued = prefill + p.prompt_tokens
+    free = replica.kv_capacity_tokens() - replica.kv_tokens_used()
+    used = max(replica.kv_tokens_used(), 1)
+    steps_left = decode / max(replica.num_requests(), 1)
+    wait = max(0, queued - free) * steps_left * beta / used
+    return wait + t0 * queued
+
+
+POLICIES = {cls.name: cls for cls in (RoundRobin, LeastLoaded, LengthAware)}
+DEFAULT_POLICY = LengthAware.name
+
+
+def make_router_policy(name: str) -> RouterPolicy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown router policy {name!r}; choose from "
+                         f"{', '.join(sorted(POLICIES))}") from None
