@@ -28,6 +28,10 @@ class ScheduledSequence:
     sampling_params: SamplingParams
     num_output_tokens: int = 0      # advances the per-request seeded RNG deterministically
     block_table_is_delta: bool = False
+    # A streamed request (FluidInfer): its KV lives in the host tier, in these host blocks
+    # (the whole table, every iteration); ``block_table`` is then empty. Its attention reads
+    # the host blocks layer by layer and only its new K/V is written back.
+    host_block_table: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
