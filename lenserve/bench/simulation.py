@@ -62,6 +62,7 @@ def host_tier(spec: SimSpec, executor: SimExecutor, clock: VirtualClock) -> SimK
         raise ValueError("this profile has no swap measurements, so the host KV tier cannot be "
                          "simulated: re-run `lenserve profile` (it measures swaps now) or use "
                          "--swap-space 0")
+    executor.stream_link = link     # streamed waves (fluidinfer) cross the same link
     return SimKVManager(KVManagerConfig(o.swap_space_gib, int8=o.kv_int8),
                         executor.model_info(), link, clock)
 

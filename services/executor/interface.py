@@ -40,3 +40,9 @@ class Executor(ABC):
 
     def close(self) -> None:
         """Release resources (sockets, device memory)."""
+
+
+class StreamError(RuntimeError):
+    """A streamed wave (KV read from the host tier, FluidInfer) could not run: a copy failed,
+    or a wave is larger than the staging area. Nothing of the iteration was applied; the
+    serving core falls back to resident-only schedules."""

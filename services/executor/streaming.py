@@ -26,11 +26,9 @@ from dataclasses import dataclass, field
 import torch
 
 from services.executor.attention.base import AttentionMetadata
+from services.executor.interface import StreamError
 
-
-class StreamError(RuntimeError):
-    """A streamed wave could not run (a copy failed, a wave larger than the staging area):
-    the iteration is dropped and the serving core falls back to resident-only schedules."""
+__all__ = ["StreamError", "StreamPlan", "plan_streams"]
 
 
 @dataclass

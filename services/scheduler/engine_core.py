@@ -17,8 +17,7 @@ from collections.abc import Callable
 from lenserve_contract.errors import InvalidRequestError
 from lenserve_contract.outputs import CompletionOutput, RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
-from services.executor.interface import Executor, ExecutorUnavailableError
-from services.executor.streaming import StreamError
+from services.executor.interface import Executor, ExecutorUnavailableError, StreamError
 from services.executor.types import ExecutorOutput
 from services.kvmanager.interface import KVManager, SwapHandle
 from services.predictor.interface import PredictQuery

@@ -44,6 +44,9 @@ class SchedulerState:
         self.can_stream = False
         self.stream_off_reason = "no host KV tier"
         self.stream_growth: dict[str, tuple[Request, int, int]] = {}
+        # Device blocks per second the host link uploads where copies overlap compute (0: no
+        # bound, e.g. a CPU executor reading the host tier in place).
+        self.stream_blocks_per_s = 0.0
         self.counts: Counter[RequestStatus] = Counter()
         self.now = 0.0
         self.iteration = 0

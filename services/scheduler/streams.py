@@ -38,6 +38,9 @@ def setup_streaming(state: SchedulerState, executor, kv_manager) -> None:
         return
     attach(source)
     state.can_stream, state.stream_off_reason = True, ""
+    link = getattr(kv_manager, "stream_link_bytes_per_s", 0.0)
+    block = getattr(kv_manager, "device_block_bytes", 0)
+    state.stream_blocks_per_s = link / block if link and block else 0.0
 
 
 def disable_streaming(state: SchedulerState, why: str) -> None:

@@ -139,6 +139,14 @@ class SimKVManager(KVManager):
         self._bytes_in += n * self.device_block_bytes
         return _VirtualHandle(self.clock, end)
 
+    @property
+    def stream_link_bytes_per_s(self) -> float:
+        return self.link.in_bytes_per_s if self.link.overlaps_compute else 0.0
+
+    def stream_source(self):
+        """No bytes to expose: streaming is bookkeeping here, its copies the executor's cost."""
+        return "simulated"
+
     def stream_blocks(self, request_id: str, num_tokens: int) -> list[int]:
         """Bookkeeping only: waits for the request's swap-out and grows its host blocks; the
         per-layer stream of its KV is charged by the executor's cost (``stream_s``)."""

@@ -67,6 +67,13 @@ def _llama(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSh
 MODEL_SHAPES: dict[str, ModelShape] = {
     "llama-2-7b": _llama("llama-2-7b", 32, 4096, 32, 11008),
     "llama-2-13b": _llama("llama-2-13b", 40, 5120, 40, 13824),
+    # FluidInfer's models (report §6.1), from their published configs.
+    "opt-125m": ModelShape("opt-125m", "opt", 12, 768, 12, 12, 64, 3072, 50272, 2048,
+                           "float16", 2),
+    "opt-1.3b": ModelShape("opt-1.3b", "opt", 24, 2048, 32, 32, 64, 8192, 50272, 2048,
+                           "float16", 2),
+    "opt-6.7b": ModelShape("opt-6.7b", "opt", 32, 4096, 32, 32, 128, 16384, 50272, 2048,
+                           "float16", 2),
     "opt-13b": ModelShape("opt-13b", "opt", 40, 5120, 40, 40, 128, 20480, 50272, 2048,
                           "float16", 2),
 }

@@ -114,6 +114,7 @@ class FluidInferPolicy(FcfsPolicy):
         # Iterations run since admission or the last upload, per resident request.
         self.steps_run: dict[str, int] = {}
         self._stuck = False     # a swapped request could neither stream nor come back
+        self._compute_s = 0.0   # moving average of an iteration's compute (stalls excluded)
 
     def remove_request(self, request: Request) -> None:
         if request.status is RequestStatus.SWAPPED:
@@ -184,13 +185,18 @@ class FluidInferPolicy(FcfsPolicy):
 
     def _stream(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
         bound, blocks_for = self._stream_bound(state), self.config.blocks_for
+        link = self._link_blocks(state)
         self._stuck = False
         for req in list(self.swapped):
             if tokens <= 0:
                 break
             n = min(req.num_tokens - req.num_computed_tokens, tokens)
-            if blocks_for(req.num_computed_tokens + n) <= bound and state.stream(req, n, output):
-                tokens -= n
+            need = blocks_for(req.num_computed_tokens)
+            if (blocks_for(req.num_computed_tokens + n) <= bound and need <= link
+                    and state.stream(req, n, output)):
+                tokens, link = tokens - n, link - need
+                self.swapped.remove(req)        # round robin: streamed go to the back
+                self.swapped.append(req)
                 continue
             # Too large for one streamed wave, or its KV cannot grow in a full host tier:
             # back onto the device when it fits, else it waits and nobody new starts.
@@ -200,6 +206,24 @@ class FluidInferPolicy(FcfsPolicy):
             else:
                 self._stuck = True
         return tokens
+
+    def _link_blocks(self, state: SchedulerState) -> float:
+        """Blocks the host link uploads within one iteration's compute (Fig. 8: copies hide
+        behind compute only up to there), where copies overlap it; else no bound."""
+        if not (state.copies_overlap and state.stream_blocks_per_s):
+            return float("inf")
+        # Until an iteration was timed, one pool's worth: the first streamed iteration's
+        # timing then sizes the next.
+        if not self._compute_s:
+            return float(self.config.num_gpu_blocks)
+        return state.stream_blocks_per_s * self._compute_s
+
+    def update(self, output, updated, result=None) -> None:
+        t = result.timings if result is not None else None
+        if t is not None and t.forward_s > 0:
+            compute = max(t.forward_s - t.swap_s, 0.0)
+            self._compute_s = compute if not self._compute_s else (
+                0.8 * self._compute_s + 0.2 * compute)
 
     def _stream_waves(self, state: SchedulerState, output: SchedulerOutput):
         """Resident waves as without streaming, then the streamed requests packed greedily
