@@ -93,10 +93,21 @@ def sim_table(found: dict) -> list[str]:
                          f"{s['output_throughput'] / base['output_throughput']:.2f}",
                          f"{note}{rate:.1f}", f"{rate / vrate:.2f}" if vrate else "-",
                          f"{s['latency_bound_ms']['p99']:.0f}",
-                         f"{base['latency_bound_ms']['p99'] / s['latency_bound_ms']['p99']:.2f}"])
+                         f"{base['latency_bound_ms']['p99'] / s['latency_bound_ms']['p99']:.2f}",
+                         hidden(s)])
     return tables.markdown(["setting", "policy", "output tok/s (top rate)", "x vllm",
                             "rate at NL <= 2x vllm's light-load NL", "x vllm",
-                            "P99 latency bound (ms, top rate)", "vllm's / this"], rows)
+                            "P99 latency bound (ms, top rate)", "vllm's / this",
+                            "copy hidden (top rate)"], rows)
+
+
+def hidden(summary: dict) -> str:
+    """Share of the streamed waves' host-link time hidden behind compute, and the stalls."""
+    copy = summary.get("stream_copy_s", 0.0)
+    if not copy:
+        return "-"
+    return (f"{summary['stream_hidden_s'] / copy:.0%} of {copy:.1f} s "
+            f"(stall {summary['stream_stall_s']:.1f} s)")
 
 
 def real_table(found: list[list[dict]]) -> tuple[list[str], list[float]]:

@@ -187,6 +187,10 @@ def simulate(spec: SimSpec, workload: Workload, request_rate: float,
                   disable=not show_progress) as bar, _no_cycle_collection():
             replay.run(bar)
         stats = replay.engine.stats()
+        ex = replay.engine.executor
+        # Streamed waves (fluidinfer): host-link seconds charged, hidden behind compute, stalled.
+        streamed = ({"stream_copy_s": ex.stream_copy_s, "stream_hidden_s": ex.stream_hidden_s,
+                     "stream_stall_s": ex.stream_stall_s} if ex.stream_copy_s else {})
     finally:
         replay.engine.close()
     order = {r.request_id: i for i, r in enumerate(workload.requests)}
@@ -194,4 +198,4 @@ def simulate(spec: SimSpec, workload: Workload, request_rate: float,
     # The engine's StepProfile would time the simulator, not the simulated device: left out.
     return BackendRun(spec.name, request_rate, replay.clock.now, records, None,
                       {"num_preemptions": stats.num_preemptions,
-                       "num_iterations": stats.num_iterations})
+                       "num_iterations": stats.num_iterations, **streamed})

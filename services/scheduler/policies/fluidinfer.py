@@ -5,8 +5,40 @@ iteration is bounded by the token budget only, never by ``max_num_seqs``. Attent
 part that needs KV on the device, runs in waves (``SchedulerOutput.waves``) packed greedily by
 ``waves.pack_waves`` under a per-wave KV bound, long prefills beside short decodes.
 
-With a host KV tier (``state.num_host_blocks > 0``) the resident set cycles like the report's
-swap pipeline: a wave's worth of the longest-resident decodes is offloaded while swapped
+Streamed waves (``stream=auto``, the default wherever the engine can: an in-process executor
+and a full-precision host tier; ``state.can_stream``). A swapped request is not swapped back
+in to run: it joins the iteration with its KV left in the host tier (``state.stream``), and
+the executor attends over it layer by layer (``services/executor/streaming.py``). What was
+chosen, and why:
+
+* The iteration's set is sized by the token budget (``max_num_batched_tokens``) and, where
+  copies run beside the compute (a GPU), by the host link: at most the blocks the link
+  uploads within an iteration's compute (link bandwidth from the KV manager times a moving
+  average of measured compute seconds), because a wave whose upload outlasts its layer
+  stalls the pass (measured in the simulator: streaming every swapped request made the run
+  0.29x vllm's throughput, OPT-1.3B on an RTX 4090 over PCIe 4.0). The token budget is the
+  configured one, not derived from a profile's GEMM saturation point. On a CPU attention reads
+  the host tier in place, so only the token budget bounds the set.
+* The resident set is the device pool: new requests prefill there; when the head of the
+  queue does not fit, the oldest decoding residents are offloaded (``max_swaps_per_step``)
+  and go on streamed (Fig. 8). Streamed requests take turns round robin when the link bound
+  leaves some out; while any swapped request could not run, nobody new is admitted.
+* Staging is device KV: a streamed wave is bounded by ``stream_kv_blocks`` blocks (default
+  the pool's block count, of which one layer is staged at a time, i.e. ``1/num_layers`` of
+  that KV; unbounded where attention reads the host tier in place).
+* Wave order: resident waves first (their KV is already there; the first streamed wave's
+  upload runs beside them), then streamed waves packed by ``pack_waves`` (§4.2: the costliest
+  item opens a wave, bubbles of types A and B are filled with the costliest items that fit).
+  Waves run one after another on one stream: running a long prefill wave's attention
+  concurrently with decode waves on separate CUDA streams is not built (no GPU to measure it;
+  on a CPU the backend's kernels already use every core).
+
+Any failure to stream (a request whose host blocks cannot grow, a failed copy, a wave larger
+than the executor's staging area) turns streaming off with a logged reason
+(``services/scheduler/streams.py``); the policy then cycles the resident set as below.
+
+Without streaming, with a host KV tier (``state.num_host_blocks > 0``) the resident set
+cycles like the report's swap pipeline: a wave's worth of the longest-resident decodes is offloaded while swapped
 requests are uploaded as blocks free (a swap-out's blocks come back after its copy, so an
 offload this iteration makes room for an upload the next). Where the KV manager's copies
 run beside the compute (``state.copies_overlap``), the wave bound is then half the device
@@ -84,6 +116,9 @@ class FluidInferConfig(PolicyConfig):
     # time); 0: the device pool's block count, or unbounded where attention reads the host
     # tier in place (a CPU executor, whose copies do not run beside the compute).
     stream_kv_blocks: int = 0
+    # Stream only the KV the host link uploads within an iteration's compute (where copies
+    # overlap it); false streams every swapped request the token budget allows.
+    stream_link_bound: bool = True
 
 
 class FluidInferPolicy(FcfsPolicy):
@@ -210,7 +245,8 @@ class FluidInferPolicy(FcfsPolicy):
     def _link_blocks(self, state: SchedulerState) -> float:
         """Blocks the host link uploads within one iteration's compute (Fig. 8: copies hide
         behind compute only up to there), where copies overlap it; else no bound."""
-        if not (state.copies_overlap and state.stream_blocks_per_s):
+        if not (state.copies_overlap and state.stream_blocks_per_s
+                and self.options.stream_link_bound):
             return float("inf")
         # Until an iteration was timed, one pool's worth: the first streamed iteration's
         # timing then sizes the next.
