@@ -30,7 +30,7 @@ POLICIES = ("vllm", "fluidinfer", "alise-fluid")
 # the mean ShareGPT reply gives about 7, 4, 3 and 3 req/s).
 SETTINGS = (("rtx4090", "opt-125m", [2, 4, 8, 16]), ("rtx4090", "opt-1.3b", [1, 2, 4, 8]),
             ("4x-rtx4090", "opt-6.7b", [1, 2, 4, 8]), ("4x-a100-40g", "opt-6.7b", [1, 2, 4, 8]))
-FULL = {"sim_prompts": 500, "real_prompts": 40, "real_runs": 2, "rates": None}
+FULL = {"sim_prompts": 500, "real_prompts": 24, "real_runs": 2, "rates": None}
 QUICK = {"sim_prompts": 16, "real_prompts": 4, "real_runs": 1, "rates": 2}
 SIM_BLOCKS, SIM_SWAP_GIB = 256, 64
 REAL_BLOCKS, REAL_LEN = 32, 256
@@ -143,8 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = output.parser(__doc__, dataset=f"ShareGPT file (default: {runs.SHAREGPT})")
     ap.add_argument("--no-real", action="store_true", help="skip the real-engine runs")
+    ap.add_argument("--real-prompts", type=int, default=None,
+                    help="prompts per real-engine run (default 24; fewer on a busy machine)")
     args = ap.parse_args(argv)
-    out, params = output.outputs(args, NAME), QUICK if args.quick else FULL
+    out, params = output.outputs(args, NAME), dict(QUICK if args.quick else FULL)
+    if args.real_prompts:
+        params["real_prompts"] = args.real_prompts
     dataset = runs.dataset_file(args.dataset_path)
     start, t0 = stamp.take(), time.perf_counter()
     sims, commands = run_sims(params, dataset, out.raw)
