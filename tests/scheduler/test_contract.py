@@ -18,9 +18,10 @@ def full_input() -> ExecutorInput:
                             min_tokens=2, stop=["x", "yz"], stop_token_ids=[4, 5], ignore_eos=True)
     seqs = [ScheduledSequence("a", [1, 2, 3], 0, [4, 5], False, params, 0, False),
             ScheduledSequence("b", [9], 17, [8], True, SamplingParams(detokenize=False), 3,
-                              True)]
+                              True),
+            ScheduledSequence("c", [7], 20, [], True, params, 2, host_block_table=[11, 3])]
     return ExecutorInput(iteration=41, sequences=seqs, copy_blocks=[(1, 2), (3, 4)],
-                         finished_request_ids=["gone", "also-gone"], waves=[[1], [0]],
+                         finished_request_ids=["gone", "also-gone"], waves=[[1], [0], [2]],
                          swap_out=[(5, 0), (6, 1)], swap_in=[(2, 9)], swap_buffer="shm-x")
 
 
