@@ -21,7 +21,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate a completion for one prompt")
     p.add_argument("--model", required=True,
                    help="a Hugging Face checkpoint directory (config.json, *.safetensors and "
-                        "the tokenizer's files), or a preset with random weights "
+                        "the tokenizer's files), a hub id (org/name: its snapshot in the "
+                        "Hugging Face cache, fetched first unless HF_HUB_OFFLINE is set), or a "
+                        "preset with random weights "
                         f"({', '.join(list_presets())}; 'fake': no model)")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt")

@@ -20,7 +20,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve the OpenAI-compatible API (engine + gateway)",
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="model path or preset ('fake': no model)")
+    p.add_argument("--model", required=True,
+                   help="model path, Hugging Face hub id (org/name) or preset ('fake': no model)")
     p.add_argument("--policy", default="vllm")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None)

@@ -28,7 +28,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("up", help="run executor, predictor, scheduler and the gateway "
                               "as local processes; restart any that dies", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="opt-tiny", help="model path or preset ('fake': no model)")
+    p.add_argument("--model", default="opt-tiny", help="model path, Hugging Face hub id (org/name) "
+                                                    "or preset ('fake': no model)")
     p.add_argument("--policy", default=os.environ.get(POLICY_ENV, "alise"),
                    help=f"scheduling policy (default ${POLICY_ENV}, else alise: length-aware, "
                         "from the predictor's estimates)")

@@ -122,7 +122,7 @@ class InProcessExecutor(Executor):
             head_dim=net.head_dim, max_model_len=self.max_model_len, block_size=self.block_size,
             num_gpu_blocks=self.kv.num_blocks, bytes_per_block=self.kv.block_bytes,
             eos_token_id=loaded.eos_token_id, dtype=str(loaded.dtype).removeprefix("torch."),
-            attention_backend=self.backend.name)
+            attention_backend=self.backend.name, eos_token_ids=loaded.eos_token_ids)
 
     def execute(self, batch: ExecutorInput) -> ExecutorOutput:
         start = time.perf_counter()

@@ -54,8 +54,11 @@ class StreamPlan:
         default_factory=list)
     bytes_uploaded: int = 0
 
-    def attention(self, layer: int, q, k, v, ctx, scale: float) -> torch.Tensor:
-        """Write this iteration's K/V and attend, resident waves then streamed waves."""
+    def attention(self, layer: int, q, k, v, ctx, scale: float, window: int = 0,
+                  softcap: float = 0.0) -> torch.Tensor:
+        """Write this iteration's K/V and attend, resident waves then streamed waves
+        (``window``, ``softcap``: the layer's sliding window and score cap, 0 for none)."""
+        opts = {"window": window, "softcap": softcap} if window or softcap else {}
         out = torch.empty_like(q)
         rows = self.resident_rows
         if self.staged and self.waves:
@@ -64,7 +67,8 @@ class StreamPlan:
             ctx.kv_cache.write(layer, k[rows], v[rows], ctx.slot_mapping[rows])
             k_cache, v_cache = ctx.kv_cache.layer(layer)
             for sub, sub_rows in self.resident_waves:
-                out[sub_rows] = ctx.backend.forward(q[sub_rows], k_cache, v_cache, sub, scale)
+                out[sub_rows] = ctx.backend.forward(q[sub_rows], k_cache, v_cache, sub, scale,
+                                                   **opts)
         for i, wave in enumerate(self.waves):
             if self.staged:
                 k_cache, v_cache = self.staging.ready(self, layer, i)
@@ -73,7 +77,8 @@ class StreamPlan:
                 k_cache, v_cache = self.host[layer, 0], self.host[layer, 1]
                 slots = wave.host_slots
             _write(k_cache, v_cache, k[wave.rows], v[wave.rows], slots)
-            out[wave.rows] = ctx.backend.forward(q[wave.rows], k_cache, v_cache, wave.meta, scale)
+            out[wave.rows] = ctx.backend.forward(q[wave.rows], k_cache, v_cache, wave.meta,
+                                                 scale, **opts)
             if self.staged:
                 self.staging.computed(i)
                 self.writebacks.append((layer, wave.host_slots, k[wave.rows], v[wave.rows]))

@@ -96,3 +96,6 @@ class ModelInfo:
     eos_token_id: int | None
     dtype: str
     attention_backend: str
+    # Every token that ends a text (generation_config.json may list several, e.g. Llama 3's
+    # <|end_of_text|>, <|eom_id|>, <|eot_id|>); () means just eos_token_id.
+    eos_token_ids: tuple[int, ...] = ()

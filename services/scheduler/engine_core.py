@@ -101,7 +101,8 @@ class EngineCore:
         token_ids = self._prompt_tokens(prompt, prompt_token_ids)
         arrival = self.clock() if arrival_time is None else arrival_time
         request = Request(request_id, token_ids, params, arrival,
-                          eos_token_id=self.model_info.eos_token_id,
+                          eos_token_id=(self.model_info.eos_token_ids
+                                        or self.model_info.eos_token_id),
                           predicted_output_len=predicted_output_len, priority=priority,
                           slo_deadline_s=slo_deadline_s)
         self.scheduler.add_request(request)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lenserve_contract.outputs import RequestMetrics
@@ -69,7 +70,8 @@ class Request:
     """Mutable per-request state. Only the scheduler core changes ``status``."""
 
     __slots__ = (
-        "eos_token_id",
+        "_eos_first",
+        "eos_token_ids",
         "error",
         "finish_reason",
         "metrics",
@@ -91,7 +93,8 @@ class Request:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, arrival_time: float, *,
-                 eos_token_id: int | None = None, predicted_output_len: int | None = None,
+                 eos_token_id: int | Sequence[int] | None = None,
+                 predicted_output_len: int | None = None,
                  priority: int = 0, slo_deadline_s: float | None = None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -117,6 +120,18 @@ class Request:
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.error: str | None = None
 
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._eos_first
+
+    @eos_token_id.setter
+    def eos_token_id(self, value: int | Sequence[int] | None) -> None:
+        """One id or several (a model whose generation config lists more than one EOS); the
+        stop conditions read ``eos_token_ids``."""
+        ids = (() if value is None else (value,) if isinstance(value, int) else tuple(value))
+        self.eos_token_ids = frozenset(ids)
+        self._eos_first = ids[0] if ids else None
+
     def fix_stop_conditions(self, max_model_len: int | None = None) -> None:
         """Derive what the token loop reads for every sampled token from the sampling
         parameters and ``eos_token_id``: the tokens that may stop the request (whether one does
@@ -124,8 +139,7 @@ class Request:
         calls this when it takes the request, with its context limit; the parameters are
         fixed from then on."""
         params = self.sampling_params
-        eos = () if self.eos_token_id is None else (self.eos_token_id,)
-        self.stop_candidates = frozenset(params.stop_token_ids).union(eos)
+        self.stop_candidates = frozenset(params.stop_token_ids).union(self.eos_token_ids)
         limit = self.num_prompt_tokens + params.max_tokens
         self.token_limit = limit if max_model_len is None else min(limit, max_model_len)
 

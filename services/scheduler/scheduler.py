@@ -221,7 +221,7 @@ class Scheduler:
         params = req.sampling_params
         num_out = len(req.token_ids) - req.num_prompt_tokens
         if num_out >= params.min_tokens:
-            if token == req.eos_token_id and not params.ignore_eos:
+            if token in req.eos_token_ids and not params.ignore_eos:
                 return FinishReason.STOP, None
             if token in params.stop_token_ids:
                 return FinishReason.STOP, token

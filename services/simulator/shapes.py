@@ -76,6 +76,12 @@ MODEL_SHAPES: dict[str, ModelShape] = {
                            "float16", 2),
     "opt-13b": ModelShape("opt-13b", "opt", 40, 5120, 40, 40, 128, 20480, 50272, 2048,
                           "float16", 2),
+    # The chat models deployed today, from their published config.json (bf16, GQA, untied
+    # embeddings): 8.03B and 7.62B parameters.
+    "llama-3.1-8b": ModelShape("llama-3.1-8b", "llama", 32, 4096, 32, 8, 128, 14336, 128256,
+                               131072, "bfloat16", 128001, ffn_matrices=3),
+    "qwen2.5-7b": ModelShape("qwen2.5-7b", "qwen2", 28, 3584, 28, 4, 128, 18944, 152064,
+                             32768, "bfloat16", 151643, ffn_matrices=3),
 }
 
 

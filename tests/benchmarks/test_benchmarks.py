@@ -233,3 +233,27 @@ def test_fluidinfer_real_table_gives_the_min_max_ratio():
                 {"policy": "fluidinfer", "summary": {"output_throughput": f}}]
     lines, ratios = fluidinfer.real_table([run(10.0, 15.0), run(20.0, 36.0)])
     assert ratios == [1.5, 1.8] and "| 2 | 20.0 | 36.0 | 1.80 |" in lines
+def test_model_families_quick_writes_the_identity_table(tmp_path):
+    from benchmarks import model_families
+    argv = ["--quick", "--docs", str(tmp_path / "docs"), "--raw", str(tmp_path / "raw")]
+    assert model_families.main(argv) == 0
+    out = output.Outputs(docs=tmp_path / "docs", raw=tmp_path / "raw")
+    record = json.loads(out.file("model_families", "json").read_text())
+    assert record["failures"] == 0
+    assert {(r["preset"], r["backend"]) for r in record["rows"]} == {
+        ("gemma2-tiny", b) for b in ("torch", "cpu", "triton")}
+    assert out.file("model_families", "png").stat().st_size > 0
+    text = out.page.read_text()
+    assert section_count(text, "model_families") == 1 and "| `gemma2-tiny` | gemma2 | 2/2 |" in text
+
+
+def test_model_families_section_names_a_differing_cell():
+    from benchmarks import model_families
+    rows = [{"preset": "qwen3-tiny", "model_type": "qwen3", "backend": b, "prompts": 4,
+             "identical": n, "ok": n == 4,
+             "first_divergence": None if n == 4 else "prompt of 31 tokens, step 2: ours 5, HF 6"}
+            for b, n in (("torch", 4), ("cpu", 3))]
+    lines = model_families.table(rows, ["torch", "cpu"])
+    assert "| `qwen3-tiny` | qwen3 | 4/4 | 3/4 **differs** |" in lines[2]
+    text = model_families.summary_text(rows, {"max_tokens": 6, "prompt_lens": [5, 31]}, "cpu")
+    assert "1 of 2 cells differ" in text and "qwen3-tiny on cpu: prompt of 31 tokens" in text

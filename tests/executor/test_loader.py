@@ -45,19 +45,27 @@ def test_unknown_model_names_the_problem_and_the_presets(tmp_path):
     assert all(name in str(err.value) for name in list_presets())
 
 
-def test_unsupported_family_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    with pytest.raises(InvalidRequestError, match="gpt2"):
+@pytest.mark.parametrize("model_type", ["gpt2", "no-such-type-transformers-knows"])
+def test_unsupported_family_is_refused_naming_the_supported_ones(tmp_path, model_type):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": model_type, "architectures": ["SomethingForCausalLM"]}))
+    with pytest.raises(InvalidRequestError) as err:
         load_model(str(tmp_path))
+    message = str(err.value)
+    assert model_type in message and "SomethingForCausalLM" in message
+    assert err.value.code == "unsupported_model"
+    for supported in ("qwen3 (Qwen3ForCausalLM)", "gemma2 (Gemma2ForCausalLM)",
+                      "mistral (MistralForCausalLM)", "phi3 (Phi3ForCausalLM)", "opt"):
+        assert supported in message
 
 
 def test_unsupported_rope_scaling_is_refused(tmp_path):
     path = write_checkpoint(tmp_path, "llama")
     config = json.loads((path / "config.json").read_text())
-    config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    config["rope_scaling"] = {"rope_type": "dynamic", "factor": 4.0}
     config.pop("rope_parameters", None)
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="yarn"):
+    with pytest.raises(ValueError, match="'dynamic' is not supported.*llama3, yarn"):
         load_model(str(path))
 
 

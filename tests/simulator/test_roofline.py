@@ -36,3 +36,18 @@ def test_unknown_hardware_or_shape():
         from_roofline("tpu", "llama-2-7b")
     with pytest.raises(ValueError, match="unknown model shape"):
         from_roofline("h100", "gpt-5")
+
+
+@pytest.mark.parametrize("name,params", [("llama-3.1-8b", 8.03e9), ("qwen2.5-7b", 7.62e9)])
+def test_todays_chat_model_shapes_have_their_published_sizes(name, params):
+    shape = MODEL_SHAPES[name]
+    total = shape.weight_bytes / shape.dtype_bytes
+    assert abs(total - params) / params < 0.01
+    # Grouped KV heads: a token's KV is a quarter (Llama 3.1) or less of Llama-2-7B's.
+    assert shape.kv_bytes_per_token() <= MODEL_SHAPES["llama-2-7b"].kv_bytes_per_token() / 4
+
+
+def test_llama_3_1_8b_on_an_h100_holds_about_vllms_kv_tokens():
+    from services.simulator.roofline import kv_capacity_blocks
+    tokens = kv_capacity_blocks(MODEL_SHAPES["llama-3.1-8b"], HARDWARE["h100"], 16) * 16
+    assert 380_000 < tokens < 480_000     # 54 GiB of KV at 128 KiB a token

@@ -11,6 +11,11 @@ Layout conventions (shared by all backends and by the KV pool):
 * ``block_tables[i, b]`` is the device block holding positions ``b*block_size ...``;
   unused entries are padding and must not be read.
 
+Two per-layer options refine the causal mask and the scores (every backend honours both):
+``window`` > 0 is a sliding window (Mistral, Gemma, Phi-3): a query at position ``p`` sees keys
+``p - window + 1 .. p`` only, as Hugging Face's ``sliding_window`` mask; ``softcap`` > 0 squashes
+each scaled score ``s`` to ``softcap * tanh(s / softcap)`` before the softmax (Gemma 2).
+
 ``AttentionMetadata.select`` gives the metadata of any subset of the sequences, so attention
 can run in waves (FluidInfer) over a few sequences at a time.
 """
@@ -84,8 +89,10 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        """Return ``out[num_tokens, num_heads, head_dim]`` for the ragged queries ``q``.
+                meta: AttentionMetadata, scale: float, window: int = 0,
+                softcap: float = 0.0) -> torch.Tensor:
+        """Return ``out[num_tokens, num_heads, head_dim]`` for the ragged queries ``q``
+        (``window``, ``softcap``: 0 for none, see the module docstring).
 
         ``num_heads`` is a multiple of ``num_kv_heads`` (grouped-query attention: query head
         ``h`` reads KV head ``h // (num_heads // num_kv_heads)``)."""

@@ -21,9 +21,10 @@ class CpuAttention(TorchAttention):
         cpu_kernels.load()      # build (or load the cached build) now, not inside a step
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                meta: AttentionMetadata, scale: float, window: int = 0,
+                softcap: float = 0.0) -> torch.Tensor:
         if q.device.type != "cpu":
-            return super().forward(q, k_cache, v_cache, meta, scale)
+            return super().forward(q, k_cache, v_cache, meta, scale, window, softcap)
         q = q.contiguous()
         out = torch.empty_like(q)
         q_lens = meta.query_lens
@@ -32,8 +33,8 @@ class CpuAttention(TorchAttention):
             cpu_kernels.paged_decode(
                 q, k_cache, v_cache, meta.block_tables[decode].contiguous(),
                 meta.seq_lens[decode].contiguous(),
-                meta.query_start_loc[decode].contiguous(), scale, out)
+                meta.query_start_loc[decode].contiguous(), scale, out, window, softcap)
         if decode.numel() < meta.num_seqs:
             self.attend_sequences(q, k_cache, v_cache, meta, scale, out,
-                                  torch.nonzero(q_lens > 1).flatten().tolist())
+                                  torch.nonzero(q_lens > 1).flatten().tolist(), window, softcap)
         return out

@@ -31,68 +31,74 @@ _SOURCE = r"""
 template <typename T>
 static inline float to_f(T x) { return static_cast<float>(x); }
 
-// Calls f(position, kv_head, row) for every cached position of a sequence and every KV head in
-// [h0, h1), block by block through the table, each block in address order.
+// Calls f(position, kv_head, row) for every cached position in [lo, seq_len) of a sequence and
+// every KV head in [h0, h1), block by block through the table, each block in address order
+// (blocks wholly before lo, outside a sliding window, are never touched).
 template <typename T, typename F>
 static inline void sweep(const T* __restrict cache, const int32_t* __restrict table,
-                         int64_t seq_len, int64_t bs, int64_t row, int64_t h0, int64_t h1,
-                         int64_t D, F&& f) {
-  for (int64_t t0 = 0; t0 < seq_len; t0 += bs) {
+                         int64_t lo, int64_t seq_len, int64_t bs, int64_t row, int64_t h0,
+                         int64_t h1, int64_t D, F&& f) {
+  for (int64_t t0 = (lo / bs) * bs; t0 < seq_len; t0 += bs) {
     const int64_t n = std::min(bs, seq_len - t0);
     const T* base = cache + static_cast<int64_t>(table[t0 / bs]) * bs * row;
-    for (int64_t j = 0; j < n; ++j)
+    for (int64_t j = std::max<int64_t>(lo - t0, 0); j < n; ++j)
       for (int64_t kvh = h0; kvh < h1; ++kvh) f(t0 + j, kvh, base + j * row + kvh * D);
   }
 }
 
 // One work item: KV heads [h0, h1) of one sequence (each with its G query heads) against the
-// sequence's seq_len keys. Every block's rows for those heads are read in address order, so the
-// sweep over a block is one contiguous stream when the item covers all heads.
+// sequence's keys lo..seq_len-1 (lo > 0 under a sliding window); softcap > 0 squashes each
+// score to softcap * tanh(score / softcap). Every block's rows for those heads are read in
+// address order, so the sweep over a block is one contiguous stream when the item covers all
+// heads.
 template <typename T>
 static void decode_item(const T* __restrict q, const T* __restrict kc, const T* __restrict vc,
-                        const int32_t* __restrict table, int64_t seq_len, int64_t h0, int64_t h1,
-                        int64_t G, int64_t Hkv, int64_t D, int64_t bs, float scale,
+                        const int32_t* __restrict table, int64_t lo, int64_t seq_len, int64_t h0,
+                        int64_t h1, int64_t G, int64_t Hkv, int64_t D, int64_t bs, float scale,
+                        float softcap,
                         T* __restrict out, std::vector<float>& scores, std::vector<float>& qf,
                         std::vector<float>& acc) {
   const int64_t nq = (h1 - h0) * G;           // query heads in this item
-  scores.resize(nq * seq_len);
+  const int64_t L = seq_len - lo;            // keys in view; score t - lo of position t
+  scores.resize(nq * L);
   qf.resize(nq * D);
   acc.assign(nq * D, 0.0f);
   for (int64_t h = 0; h < nq; ++h)
     for (int64_t d = 0; d < D; ++d) qf[h * D + d] = to_f(q[(h0 * G + h) * D + d]) * scale;
   const int64_t row = Hkv * D;
   // Pass 1: scores = q . k for every key.
-  sweep(kc, table, seq_len, bs, row, h0, h1, D, [&](int64_t t, int64_t kvh, const T* k) {
+  sweep(kc, table, lo, seq_len, bs, row, h0, h1, D, [&](int64_t t, int64_t kvh, const T* k) {
     for (int64_t g = 0; g < G; ++g) {
       const int64_t h = (kvh - h0) * G + g;
       const float* qh = qf.data() + h * D;
       float s = 0.0f;
 #pragma omp simd reduction(+ : s)
       for (int64_t d = 0; d < D; ++d) s += qh[d] * to_f(k[d]);
-      scores[h * seq_len + t] = s;
+      if (softcap > 0.0f) s = softcap * std::tanh(s / softcap);
+      scores[h * L + t - lo] = s;
     }
   });
   // Softmax per query head (normalised at the end).
   for (int64_t h = 0; h < nq; ++h) {
-    float* sh = scores.data() + h * seq_len;
+    float* sh = scores.data() + h * L;
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < seq_len; ++t) m = std::max(m, sh[t]);
-    for (int64_t t = 0; t < seq_len; ++t) sh[t] = std::exp(sh[t] - m);
+    for (int64_t t = 0; t < L; ++t) m = std::max(m, sh[t]);
+    for (int64_t t = 0; t < L; ++t) sh[t] = std::exp(sh[t] - m);
   }
   // Pass 2: acc = sum_t p_t v_t.
-  sweep(vc, table, seq_len, bs, row, h0, h1, D, [&](int64_t t, int64_t kvh, const T* v) {
+  sweep(vc, table, lo, seq_len, bs, row, h0, h1, D, [&](int64_t t, int64_t kvh, const T* v) {
     for (int64_t g = 0; g < G; ++g) {
       const int64_t h = (kvh - h0) * G + g;
-      const float p = scores[h * seq_len + t];
+      const float p = scores[h * L + t - lo];
       float* ah = acc.data() + h * D;
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) ah[d] += p * to_f(v[d]);
     }
   });
   for (int64_t h = 0; h < nq; ++h) {
-    const float* sh = scores.data() + h * seq_len;
+    const float* sh = scores.data() + h * L;
     float z = 0.0f;
-    for (int64_t t = 0; t < seq_len; ++t) z += sh[t];
+    for (int64_t t = 0; t < L; ++t) z += sh[t];
     const float inv = 1.0f / z;
     for (int64_t d = 0; d < D; ++d)
       out[(h0 * G + h) * D + d] = static_cast<T>(acc[h * D + d] * inv);
@@ -102,7 +108,8 @@ static void decode_item(const T* __restrict q, const T* __restrict kc, const T* 
 template <typename T>
 static void run_decode(const T* qp, const T* kp, const T* vp, const int32_t* tb,
                        const int32_t* lens, const int32_t* rw, int64_t S, int64_t H,
-                       int64_t Hkv, int64_t D, int64_t bs, int64_t W, float scale, T* op) {
+                       int64_t Hkv, int64_t D, int64_t bs, int64_t W, float scale,
+                       int64_t window, float softcap, T* op) {
   const int64_t G = H / Hkv;
   // Whole sequences per item when there are enough of them to balance the threads; with few
   // sequences, split the KV heads so every thread still gets work.
@@ -120,17 +127,19 @@ static void run_decode(const T* qp, const T* kp, const T* vp, const int32_t* tb,
       const int64_t i = w / splits, h0 = (w % splits) * per, h1 = std::min(Hkv, h0 + per);
       if (h0 >= h1) continue;
       const int64_t r = rw[i];
-      decode_item<T>(qp + r * H * D, kp, vp, tb + i * W, lens[i], h0, h1, G, Hkv, D, bs,
-                     scale, op + r * H * D, scores, qf, acc);
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, lens[i] - window) : 0;
+      decode_item<T>(qp + r * H * D, kp, vp, tb + i * W, lo, lens[i], h0, h1, G, Hkv, D, bs,
+                     scale, softcap, op + r * H * D, scores, qf, acc);
     }
   }
 }
 
 // q, out: [num_tokens, H, D]; caches: [num_blocks, bs, Hkv, D]; rows[i]: the query row of
-// decode sequence i; seq_lens[i]: its context length; tables: [num_seqs, max_blocks].
+// decode sequence i; seq_lens[i]: its context length; tables: [num_seqs, max_blocks];
+// window > 0: the query sees its last `window` keys only; softcap > 0: tanh-capped scores.
 void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                   torch::Tensor tables, torch::Tensor seq_lens, torch::Tensor rows,
-                  double scale, torch::Tensor out) {
+                  double scale, int64_t window, double softcap, torch::Tensor out) {
   TORCH_CHECK(q.is_contiguous() && out.is_contiguous(), "q and out must be contiguous");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(tables.is_contiguous() && tables.scalar_type() == torch::kInt32, "tables: int32");
@@ -149,7 +158,8 @@ void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_decode", [&] {
     run_decode<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
                          v_cache.data_ptr<scalar_t>(), tb, lens, rw, S, H, Hkv, D, bs, W,
-                         static_cast<float>(scale), out.data_ptr<scalar_t>());
+                         static_cast<float>(scale), window, static_cast<float>(softcap),
+                         out.data_ptr<scalar_t>());
   });
 }
 """
@@ -175,7 +185,7 @@ def load() -> object:
             from torch.utils.cpp_extension import load_inline
 
             _module = load_inline(
-                name="lenserve_cpu_attention_v3", cpp_sources=[_SOURCE],
+                name="lenserve_cpu_attention_v4", cpp_sources=[_SOURCE],
                 functions=["paged_decode"],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"],
                 extra_ldflags=["-fopenmp"], verbose=False)
@@ -200,7 +210,8 @@ def available() -> bool:
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor, rows: torch.Tensor,
-                 scale: float, out: torch.Tensor) -> None:
+                 scale: float, out: torch.Tensor, window: int = 0, softcap: float = 0.0) -> None:
     """Write into ``out[rows[i]]`` the attention of query row ``rows[i]`` over sequence ``i``'s
-    ``seq_lens[i]`` keys (a decode row sees its whole context)."""
-    load().paged_decode(q, k_cache, v_cache, block_tables, seq_lens, rows, float(scale), out)
+    ``seq_lens[i]`` keys (a decode row sees its whole context, or its last ``window`` keys)."""
+    load().paged_decode(q, k_cache, v_cache, block_tables, seq_lens, rows, float(scale),
+                        int(window), float(softcap), out)

@@ -104,7 +104,8 @@ class TritonAttention(AttentionBackend):
                                                     o.max_splits)
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                meta: AttentionMetadata, scale: float, window: int = 0,
+                softcap: float = 0.0) -> torch.Tensor:
         _check_inputs(q, k_cache, v_cache, meta)
         out = torch.empty_like(q)
         if q.shape[0] == 0 or meta.num_seqs == 0:
@@ -112,14 +113,16 @@ class TritonAttention(AttentionBackend):
         args = (out, q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                 meta.block_tables, scale)
         o = self.options
-        splits = meta.num_splits or self.decode_splits(meta.num_seqs, k_cache.shape[2],
-                                                       meta.max_seq_len, q.device)
+        splits = meta.num_splits or self.decode_splits(
+            meta.num_seqs, k_cache.shape[2],
+            min(meta.max_seq_len, window) if window else meta.max_seq_len, q.device)
         paged_decode(*args, num_splits=splits, tile_n=o.decode_tile(meta.num_seqs),
-                     num_warps=o.decode_warps, num_stages=o.decode_stages)
+                     num_warps=o.decode_warps, num_stages=o.decode_stages, window=window,
+                     softcap=softcap)
         if meta.max_query_len > 1:
             paged_prefill(*args, max_query_len=meta.max_query_len, block_m=o.prefill_block_m,
                           tile_n=o.prefill_tile_n, num_warps=o.prefill_warps,
-                          num_stages=o.prefill_stages)
+                          num_stages=o.prefill_stages, window=window, softcap=softcap)
         return out
 
 

@@ -12,6 +12,10 @@ and of device-to-host syncs: which sequences decode is read on the device from
   causal. A program owns a tile of query tokens times the heads of one KV head, flattened into
   the M dimension of ``tl.dot``.
 
+A sliding window (``WINDOW`` > 0) starts each key loop at the first position some query of
+the program can see, so tiles wholly outside the window are never read; ``SOFTCAP`` > 0 caps
+the scaled scores with tanh (Gemma 2). Both are compile-time constants, 0 for none.
+
 Keys are read in tiles of ``TILE_N`` positions that may span several cache blocks: each
 position looks up its own block in the block table, so tile width does not depend on the
 block size (any block size works, also non powers of two). Softmax is online, in float32.
@@ -42,13 +46,26 @@ def _kv_tile(cache_ptr, bt_row_ptr, pos, kv_head, offs_d, seq_len,
 
 
 @triton.jit
+def _cap(s, SOFTCAP: tl.constexpr):
+    """``SOFTCAP * tanh(s / SOFTCAP)``, tanh from one exp of a non-positive argument (no
+    overflow); ``s`` unchanged when SOFTCAP is 0."""
+    if SOFTCAP > 0:
+        x = s / SOFTCAP
+        e = tl.exp(-2.0 * tl.abs(x))
+        t = (1.0 - e) / (1.0 + e)
+        s = SOFTCAP * tl.where(x < 0, -t, t)
+    return s
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     qsl_ptr, seq_lens_ptr, bt_ptr, scale,
     s_qt, s_qh, s_ot, s_oh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_bt,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -65,9 +82,12 @@ def _decode_kernel(
                 other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    num_tiles = tl.cdiv(seq_len, TILE_N)
+    first = 0
+    if WINDOW > 0:
+        first = tl.maximum(seq_len - WINDOW, 0)
+    num_tiles = tl.cdiv(seq_len - first, TILE_N)
     tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-    lo = split * tiles_per_split * TILE_N
+    lo = first + split * tiles_per_split * TILE_N
     hi = tl.minimum(lo + tiles_per_split * TILE_N, seq_len)
     bt_row = bt_ptr + seq.to(tl.int64) * s_bt
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -84,7 +104,7 @@ def _decode_kernel(
             v = v.to(tl.float32)
         # The group is padded to 16 rows for tl.dot: wasted MMA work is free in a
         # bandwidth-bound kernel, and it keeps the [G, N, D] product out of registers.
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+        s = _cap(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale, SOFTCAP)
         s = tl.where((pos < seq_len)[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
@@ -133,7 +153,8 @@ def _prefill_kernel(
     s_qt, s_qh, s_ot, s_oh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_bt,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -161,7 +182,11 @@ def _prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(0, kv_end, TILE_N):
+    kv_start = 0
+    if WINDOW > 0:
+        # The tile's first query sees the lowest keys: nothing before its window is read.
+        kv_start = tl.maximum(seq_len - q_len + q_tile * BLOCK_Q - WINDOW + 1, 0)
+    for start in range(kv_start, kv_end, TILE_N):
         pos = start + tl.arange(0, TILE_N)
         k = _kv_tile(k_ptr, bt_row, pos, kv_head, offs_d, seq_len, s_kb, s_ks, s_kh,
                      BLOCK_SIZE, HEAD_DIM)
@@ -170,9 +195,16 @@ def _prefill_kernel(
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
-        s = tl.where(pos[None, :] <= q_pos[:, None], s, float("-inf"))
+        s = _cap(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale, SOFTCAP)
+        seen = pos[None, :] <= q_pos[:, None]
+        if WINDOW > 0:
+            seen = seen & (pos[None, :] > q_pos[:, None] - WINDOW)
+        s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        if WINDOW > 0:
+            # A row whose window starts past this tile has seen no key yet: keep it at zero
+            # weight instead of exp(-inf - -inf).
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -216,7 +248,8 @@ def _cache_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, .
 def paged_decode(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                  block_tables: torch.Tensor, scale: float, num_splits: int = 1,
-                 tile_n: int = 32, num_warps: int = 4, num_stages: int = 3) -> None:
+                 tile_n: int = 32, num_warps: int = 4, num_stages: int = 3, window: int = 0,
+                 softcap: float = 0.0) -> None:
     """Write ``out`` rows of the sequences with exactly one query row; others are left as is.
 
     ``num_splits`` (a power of two) splits each context over that many programs, for batches
@@ -237,7 +270,7 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
         *_cache_strides(k_cache, v_cache), block_tables.stride(0),
         GROUP=group, BLOCK_G=_pow2(group, 16), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=k_cache.shape[1], TILE_N=tile_n, NUM_SPLITS=num_splits, **_dot_options(q),
-        num_warps=num_warps, num_stages=num_stages,
+        WINDOW=int(window), SOFTCAP=float(softcap), num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _decode_reduce[(num_seqs, num_heads)](
@@ -250,7 +283,7 @@ def paged_prefill(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                   block_tables: torch.Tensor, scale: float, max_query_len: int,
                   block_m: int = 64, tile_n: int = 32, num_warps: int = 4,
-                  num_stages: int = 3) -> None:
+                  num_stages: int = 3, window: int = 0, softcap: float = 0.0) -> None:
     """Write ``out`` rows of the sequences with two or more query rows; others are left as is."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -266,5 +299,6 @@ def paged_prefill(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
         *_cache_strides(k_cache, v_cache), block_tables.stride(0),
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, HEAD_DIM=head_dim,
         BLOCK_D=_pow2(head_dim, 16), BLOCK_SIZE=k_cache.shape[1], TILE_N=tile_n,
-        **_dot_options(q), num_warps=num_warps, num_stages=num_stages,
+        **_dot_options(q), WINDOW=int(window), SOFTCAP=float(softcap), num_warps=num_warps,
+        num_stages=num_stages,
     )

@@ -52,29 +52,33 @@ class AttentionContext:
 
 
 def paged_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    ctx: AttentionContext, scale: float) -> torch.Tensor:
-    """Write this iteration's K/V into the pool, then attend over each request's cached KV."""
+                    ctx: AttentionContext, scale: float, window: int = 0,
+                    softcap: float = 0.0) -> torch.Tensor:
+    """Write this iteration's K/V into the pool, then attend over each request's cached KV
+    (``window``, ``softcap``: the layer's sliding window and score cap, 0 for none)."""
     start = time.perf_counter() if ctx.time_attention else 0.0
     if ctx.stream is not None:
-        out = ctx.stream.attention(layer, q, k, v, ctx, scale)
+        out = ctx.stream.attention(layer, q, k, v, ctx, scale, window, softcap)
     else:
         ctx.kv_cache.write(layer, k, v, ctx.slot_mapping)
-        out = attend(layer, q, ctx, scale)
+        out = attend(layer, q, ctx, scale, window, softcap)
     if ctx.time_attention:
         ctx.attention_s += time.perf_counter() - start
     return out
 
 
-def attend(layer: int, q: torch.Tensor, ctx: AttentionContext, scale: float) -> torch.Tensor:
+def attend(layer: int, q: torch.Tensor, ctx: AttentionContext, scale: float, window: int = 0,
+           softcap: float = 0.0) -> torch.Tensor:
     """Attention of ``q`` over the cached KV (this iteration's K/V already written)."""
     k_cache, v_cache = ctx.kv_cache.layer(layer)
+    opts = {"window": window, "softcap": softcap} if window or softcap else {}
     if ctx.waves is None:
-        out = ctx.backend.forward(q, k_cache, v_cache, ctx.meta, scale)
+        out = ctx.backend.forward(q, k_cache, v_cache, ctx.meta, scale, **opts)
     else:
         out = torch.empty_like(q)
         for i, (sub, rows) in enumerate(ctx._wave_meta):
             t0 = time.perf_counter() if ctx.time_attention else 0.0
-            out[rows] = ctx.backend.forward(q[rows], k_cache, v_cache, sub, scale)
+            out[rows] = ctx.backend.forward(q[rows], k_cache, v_cache, sub, scale, **opts)
             if ctx.time_attention:
                 ctx.wave_attention_s[i] += time.perf_counter() - t0
     return out
@@ -108,17 +112,20 @@ class RMSNorm(nn.Module):
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos, sin[num_tokens, head_dim]`` for the rotate-half RoPE layout of Hugging Face."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float()
-    inv_freq = 1.0 / (theta ** (exponents / head_dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    """``cos, sin[num_tokens, head_dim]`` of plain RoPE (``rope.rope_cos_sin`` for the others)."""
+    from services.executor.models import rope
+
+    spec = rope.rope_spec(None, {"rope_theta": theta}, head_dim)
+    return rope.rope_cos_sin(positions, spec, dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x[num_tokens, heads, head_dim]`` by per-token angles."""
-    half = x.shape[-1] // 2
+    """Rotate ``x[num_tokens, heads, head_dim]`` by per-token angles; with partial rotary
+    (``cos`` narrower than ``head_dim``) the remaining features pass through."""
+    dim = cos.shape[-1]
+    if dim < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :dim], cos, sin), x[..., dim:]), dim=-1)
+    half = dim // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 

@@ -10,6 +10,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from safetensors.torch import load_file
@@ -17,6 +18,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from lenserve_contract.sampling_params import InvalidRequestError
+from services.executor.models.arch import ARCHITECTURES, supported_message
 from services.executor.models.llama import LlamaForCausalLM
 from services.executor.models.naming import (  # noqa: F401 - re-exported
     ModelNotFoundError,
@@ -30,7 +32,9 @@ from services.hardware import cpu_has_native_bf16
 
 log = logging.getLogger(__name__)
 
-FAMILIES: dict[str, type[nn.Module]] = {"opt": OPTForCausalLM, "llama": LlamaForCausalLM}
+# model_type -> the module that runs it: every Llama-like family is one decoder with switches.
+FAMILIES: dict[str, type[nn.Module]] = {"opt": OPTForCausalLM,
+                                        **{t: LlamaForCausalLM for t in ARCHITECTURES}}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Files that carry a tokenizer's vocabulary (fast, SentencePiece, BPE, WordPiece): a checkpoint
 # with none of them has no tokenizer, whatever its tokenizer_config.json says.
@@ -68,6 +72,7 @@ class LoadedModel:
     eos_token_id: int | None
     max_model_len: int
     dtype: torch.dtype
+    eos_token_ids: tuple[int, ...] = ()     # every stop token; eos_token_id is the first
 
 
 def resolve_dtype(name: str, device: str | torch.device = "cpu") -> str:
@@ -114,10 +119,18 @@ def check_device(device: str) -> torch.device:
 def family_of(config: PretrainedConfig) -> str:
     family = getattr(config, "model_type", "")
     if family not in FAMILIES:
+        archs = getattr(config, "architectures", None) or []
+        named = f" ({', '.join(archs)})" if archs else ""
         raise InvalidRequestError(
-            f"model family {family!r} is not supported: choose one of {sorted(FAMILIES)}",
-            field="model", code="unsupported_model")
+            f"model family {family!r}{named} is not supported: lenserve runs "
+            f"{supported_message()}", field="model", code="unsupported_model")
     return family
+
+
+def _raw_config(path: Path) -> SimpleNamespace:
+    raw = json.loads((path / "config.json").read_text())
+    return SimpleNamespace(model_type=raw.get("model_type", ""),
+                           architectures=raw.get("architectures"))
 
 
 def build_hf_model(model: str, *, dtype: str = "float32", seed: int = 0,
@@ -195,15 +208,32 @@ def load_model(model: str, *, dtype: str = "float32", device: str = "cpu", seed:
         tokenizer = (NoTokenizer(f"model {name!r} was loaded with skip_tokenizer_init")
                      if skip_tokenizer_init else preset_tokenizer())
     else:
+        family_of(_raw_config(path))     # before transformers, which may not know the type
         config = AutoConfig.from_pretrained(path)
-        family_of(config)
         weights = _checkpoint_weights(path)
         tokenizer = checkpoint_tokenizer(path, skip_tokenizer_init)
     net = _instantiate(config, weights, torch_dt, device)
     if path is None:
         _note_preset(name)
-    eos = getattr(config, "eos_token_id", None)
+    eos = eos_token_ids(config, path)
     return LoadedModel(
         model=net, tokenizer=tokenizer, hf_config=config, name=name, family=config.model_type,
-        eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        eos_token_id=eos[0] if eos else None, eos_token_ids=eos,
         max_model_len=int(config.max_position_embeddings), dtype=torch_dt)
+
+
+def eos_token_ids(config: PretrainedConfig, path: Path | None) -> tuple[int, ...]:
+    """The config's EOS id(s), then those of generation_config.json (Llama 3 Instruct lists
+    three, Qwen2.5 Instruct two): any of them ends a text, as in ``generate``."""
+    ids: list[int] = []
+
+    def add(value) -> None:
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and v not in ids:
+                ids.append(v)
+
+    add(getattr(config, "eos_token_id", None))
+    gen = path / "generation_config.json" if path is not None else None
+    if gen is not None and gen.is_file():
+        add(json.loads(gen.read_text()).get("eos_token_id"))
+    return tuple(ids)
