@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 # The page's order of sections; a section is placed by it the first time it is written.
-ORDER = ("policies_simulated", "policies_cpu", "predictor_accuracy", "executor_cpu",
-         "model_families", "model_families_cuda", "fluidinfer")
+ORDER = ("policies_simulated", "econoserve_paper", "policies_cpu", "predictor_accuracy",
+         "executor_cpu", "model_families", "model_families_cuda", "fluidinfer")
 
 INTRO = """# Results
 

@@ -81,9 +81,10 @@ def rate_policy_table(found: list[dict]) -> list[str]:
         s, ratio = r["summary"], tables.ratio_at(found, r["policy"], "vllm", r["request_rate"])
         rows.append([f"{r['request_rate']:g}", r["policy"], f"{s[tables.NL]:.4f}",
                      f"{ratio:.2f}", f"{s['ttft_ms']['mean']:.0f}",
-                     f"{s['e2el_ms']['p99'] / 1e3:.1f}", f"{s['output_throughput']:.1f}"])
+                     f"{s['e2el_ms']['p99'] / 1e3:.1f}", f"{s['output_throughput']:.1f}",
+                     f"{s.get('failed', 0):.0f}"])
     return tables.markdown(["rate (req/s)", "policy", "NL (s/token)", "NL x vllm",
-                            "mean TTFT (ms)", "P99 E2E (s)", "output tok/s"], rows)
+                            "mean TTFT (ms)", "P99 E2E (s)", "output tok/s", "failed"], rows)
 
 
 def summary_text(found: list[dict], params: dict, dataset: str, run_stamp: dict) -> str:

@@ -17,11 +17,19 @@ def policies(runs: list[dict]) -> list[str]:
     return list(dict.fromkeys(r["policy"] for r in runs))
 
 
+def with_failures(value: str, summary: dict) -> str:
+    """A figure over completed requests, with the requests that never completed beside it."""
+    failed = summary.get("failed") or 0
+    return f"{value} ({failed:.0f} failed)" if failed else value
+
+
 def rate_table(runs: list[dict], key: Callable[[dict], float], fmt: str) -> list[str]:
-    """One row per request rate, one column per policy."""
+    """One row per request rate, one column per policy; a run with failed requests says how
+    many beside its figure."""
     names = policies(runs)
-    cell = {(r["policy"], r["request_rate"]): key(r["summary"]) for r in runs}
-    rows = [[f"{rate:g}", *(fmt.format(cell[p, rate]) if (p, rate) in cell else "-"
+    cell = {(r["policy"], r["request_rate"]): with_failures(fmt.format(key(r["summary"])),
+                                                             r["summary"]) for r in runs}
+    rows = [[f"{rate:g}", *(cell[p, rate] if (p, rate) in cell else "-"
                             for p in names)]
             for rate in sorted({r["request_rate"] for r in runs})]
     return markdown(["rate (req/s)", *names], rows)
@@ -44,7 +52,10 @@ def sustained_rate(points: list[tuple[float, float]], limit: float) -> tuple[flo
 
 
 def nl_points(runs: list[dict], policy: str) -> list[tuple[float, float]]:
-    return [(r["request_rate"], r["summary"][NL]) for r in runs if r["policy"] == policy]
+    """(rate, normalized latency) of a policy's runs; a run where a request failed misses
+    every latency target (its normalized latency covers the completed requests only)."""
+    return [(r["request_rate"], math.inf if r["summary"].get("failed") else r["summary"][NL])
+            for r in runs if r["policy"] == policy]
 
 
 def sustained_table(runs: list[dict], slos: list[float], base: str = "vllm") -> list[str]:

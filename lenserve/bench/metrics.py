@@ -214,6 +214,9 @@ def summarize(records: Sequence[RequestRecord], duration_s: float,
         "total_input_tokens": sum(r.prompt_len for r in ok), "total_output_tokens": out_tokens,
         "request_throughput": len(ok) / duration, "output_throughput": out_tokens / duration,
         "ttft_ms": _stats([r.ttft for r in ok]),
+        # The longest any completed request waited for its first token (failed ones never
+        # got one: they are in "failed").
+        "max_ttft_ms": max((r.ttft for r in ok), default=math.nan) * 1000.0,
         "tpot_ms": _stats([r.tpot for r in ok if r.tpot is not None]),
         "itl_ms": _stats(itls),
         "e2el_ms": _stats([r.e2el for r in ok]),

@@ -30,7 +30,12 @@ _ROWS: list[tuple[str, tuple[str, ...], str]] = [
     ("Goodput (req/s)", ("goodput",), "{:.2f}"),
     ("SLO attainment (%)", ("slo_attainment",), "{:.1%}"),
     ("SLO satisfaction ratio (%)", ("slo_satisfaction_ratio",), "{:.1%}"),
+    ("Longest wait for a first token (ms)", ("max_ttft_ms",), "{:.2f}"),
     ("Preemptions", ("num_preemptions",), "{:.0f}"),
+    ("KV allocated (%)", ("kv_allocated_util",), "{:.1%}"),
+    ("KV holding tokens (%)", ("kv_used_util",), "{:.1%}"),
+    ("Scheduler time per iteration (ms, wall)", ("schedule_ms_per_iteration",), "{:.3f}"),
+    ("Scheduler share of JCT (%)", ("schedule_share",), "{:.2%}"),
 ]
 
 

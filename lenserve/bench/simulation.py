@@ -88,6 +88,8 @@ class _Replay:
         self.pending = deque(workload.requests)
         self.inflight: dict[str, tuple[BenchRequest, float]] = {}
         self.done: list[RequestRecord] = []
+        # Time-weighted KV occupancy: blocks allocated, and tokens actually stored in them.
+        self.kv_weight_s = self.kv_allocated_s = self.kv_used_s = 0.0
 
     def submit_due(self) -> None:
         while self.pending and self.pending[0].arrival_offset <= self.clock.now:
@@ -126,9 +128,48 @@ class _Replay:
 
     def _step(self) -> None:
         self._settle_predictor()
+        before = self.clock.now
         for out in self.engine.step():
             if out.finished:
                 self.done.append(self._record(out))
+        self._sample_kv(self.clock.now - before)
+
+    def _sample_kv(self, seconds: float) -> None:
+        if seconds <= 0.0:
+            return
+        state = self.engine.scheduler.state
+        bm = state.block_manager
+        capacity = bm.num_blocks * bm.block_size
+        used = sum(r.num_computed_tokens for r in state.running.values())
+        self.kv_weight_s += seconds
+        self.kv_allocated_s += seconds * (bm.num_blocks - bm.num_free_blocks) / bm.num_blocks
+        self.kv_used_s += seconds * min(used / capacity, 1.0)
+
+    def stats(self) -> dict:
+        """Engine counters over the run: preemptions, iterations, KV utilisation (allocated
+        and used, time-weighted over busy time), and the scheduler's wall time per iteration
+        on this CPU with its share of a request's time were it serial with the modelled
+        iterations (the paper's scheduling time over JCT)."""
+        stats, profile = self.engine.stats(), self.engine.profile
+        busy = self.engine.executor.busy_s
+        steps = max(profile.steps, 1)
+        weight = max(self.kv_weight_s, 1e-12)
+        return {"num_preemptions": stats.num_preemptions,
+                "num_iterations": stats.num_iterations,
+                "kv_allocated_util": self.kv_allocated_s / weight,
+                "kv_used_util": self.kv_used_s / weight,
+                "schedule_ms_per_iteration": profile.schedule_s / steps * 1e3,
+                "schedule_share": profile.schedule_s / max(profile.schedule_s + busy, 1e-12),
+                **self.stream_stats()}
+
+    def stream_stats(self) -> dict:
+        """Streamed waves (fluidinfer): host-link seconds charged, hidden behind compute,
+        and stalled (none without streaming)."""
+        ex = self.engine.executor
+        if not ex.stream_copy_s:
+            return {}
+        return {"stream_copy_s": ex.stream_copy_s, "stream_hidden_s": ex.stream_hidden_s,
+                "stream_stall_s": ex.stream_stall_s}
 
     def _stalled(self) -> None:
         """The engine ran nothing: wait for the next arrival, or, with none left, fail what
@@ -186,16 +227,10 @@ def simulate(spec: SimSpec, workload: Workload, request_rate: float,
         with tqdm(total=len(workload.requests), desc=label, unit="req",
                   disable=not show_progress) as bar, _no_cycle_collection():
             replay.run(bar)
-        stats = replay.engine.stats()
-        ex = replay.engine.executor
-        # Streamed waves (fluidinfer): host-link seconds charged, hidden behind compute, stalled.
-        streamed = ({"stream_copy_s": ex.stream_copy_s, "stream_hidden_s": ex.stream_hidden_s,
-                     "stream_stall_s": ex.stream_stall_s} if ex.stream_copy_s else {})
+        stats = replay.stats()
     finally:
         replay.engine.close()
     order = {r.request_id: i for i, r in enumerate(workload.requests)}
     records = sorted(replay.done, key=lambda r: order[r.request_id])
     # The engine's StepProfile would time the simulator, not the simulated device: left out.
-    return BackendRun(spec.name, request_rate, replay.clock.now, records, None,
-                      {"num_preemptions": stats.num_preemptions,
-                       "num_iterations": stats.num_iterations, **streamed})
+    return BackendRun(spec.name, request_rate, replay.clock.now, records, None, stats)

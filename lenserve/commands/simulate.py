@@ -45,6 +45,8 @@ def register(subparsers) -> None:
                                      "bundled opt-125m CPU profile)")
     p.add_argument("--hardware", choices=sorted(HARDWARE), help="roofline mode: the device")
     p.add_argument("--model-shape", choices=sorted(MODEL_SHAPES), help="roofline mode: the model")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="roofline mode: tokens per KV block (default 16; a profile fixes its own)")
     p.add_argument("--dtype", default="auto",
                    help="the dtype of the run modelled, as `bench --dtype` (a profile measured in "
                         f"another is noted on stderr). {DTYPE_AUTO_HELP}")
@@ -75,8 +77,11 @@ def sim_target(args: argparse.Namespace):
         raise ValueError("--hardware and --model-shape go together (roofline mode)")
     if args.hardware and args.profile:
         raise ValueError("use either --profile or --hardware/--model-shape, not both")
+    if args.block_size is not None and (args.block_size < 1 or not args.hardware):
+        raise ValueError("--block-size must be >= 1 and goes with --hardware/--model-shape "
+                         "(a profile was measured with its own block size)")
     if args.hardware:
-        target = from_roofline(args.hardware, args.model_shape)
+        target = from_roofline(args.hardware, args.model_shape, args.block_size or 16)
     elif args.profile:
         target = from_profile(args.profile, args.model)
     else:

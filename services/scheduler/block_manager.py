@@ -4,8 +4,9 @@ only reads the block tables it is handed.
 Besides plain growth, the manager supports two things length-aware policies need: allocating
 a request's blocks up to a target length at once (max- or exact-allocation from a predicted
 length) and lending the unused tail of one request's allocation to another (EconoServe's KV
-pipelining). A lent block sits in the borrower's table until the borrower frees it, then goes
-back to the lender, or to the free pool if the lender has finished.
+pipelining, recursive: a borrower may lend on part of what it borrowed). A lent block sits in
+the borrower's table until the borrower frees it, then goes back to the nearest lender still
+running, or to the free pool if every lender of it has finished.
 
 Loans name the lender by (request id, generation): a table gets a fresh generation whenever it
 is created, so a request that reuses a finished lender's id never inherits its loans.
@@ -24,8 +25,8 @@ class BlockManager:
         # Popping from the end hands out low ids first, which keeps runs reproducible.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._tables: dict[str, list[int]] = {}
-        # borrower -> [((lender, lender generation), blocks)]
-        self._loans: dict[str, list[tuple[tuple[str, int], list[int]]]] = {}
+        # borrower -> [[chain of (lender, lender generation), nearest first], blocks]
+        self._loans: dict[str, list[list]] = {}
         self._gen: dict[str, int] = {}       # request id -> generation of its current table
         self._next_gen = 0
         # Bumped whenever a table changes other than by appending (lend, loan return, free):
@@ -98,13 +99,9 @@ class BlockManager:
         self._gen.pop(request_id, None)
         self._epoch.pop(request_id, None)
         borrowed = set()
-        for (lender, gen), blocks in self._loans.pop(request_id, ()):
+        for chain, blocks in self._loans.pop(request_id, ()):
             borrowed.update(blocks)
-            if self._gen.get(lender) == gen:
-                self._tables[lender].extend(blocks)
-                self._bump(lender)
-            else:
-                self._free.extend(reversed(blocks))
+            self._return(chain, blocks)
         own = [b for b in reversed(table) if b not in borrowed] if borrowed else table[::-1]
         (self._deferred if defer else self._free).extend(own)
         return table
@@ -135,8 +132,34 @@ class BlockManager:
         if borrower is None:
             borrower = self._new_table(borrower_id)
         borrower.extend(blocks)
-        self._loans.setdefault(borrower_id, []).append(((lender_id, self._gen[lender_id]), blocks))
+        me = (lender_id, self._gen[lender_id])
+        # Blocks the lender itself borrowed are lent on (recursive pipelining): the new loan
+        # names the lender first, then whoever lent them to it, so that they go back to the
+        # first of them still running.
+        moved, loans = set(blocks), self._loans.setdefault(borrower_id, [])
+        for loan in self._loans.get(lender_id, []):
+            passed = [b for b in loan[1] if b in moved]
+            if passed:
+                loan[1][:] = [b for b in loan[1] if b not in moved]
+                moved.difference_update(passed)
+                loans.append([(me, *loan[0]), passed])
+        if lender_id in self._loans:
+            self._loans[lender_id] = [loan for loan in self._loans[lender_id] if loan[1]]
+        if moved:
+            loans.append([(me,), [b for b in blocks if b in moved]])
         return blocks
+
+    def _return(self, chain: tuple[tuple[str, int], ...], blocks: list[int]) -> None:
+        """Lent blocks go back to the first lender of the chain still running (a loan of the
+        rest of the chain again), else to the free pool."""
+        for i, (lender, gen) in enumerate(chain):
+            if self._gen.get(lender) == gen:
+                self._tables[lender].extend(blocks)
+                self._bump(lender)
+                if i + 1 < len(chain):
+                    self._loans.setdefault(lender, []).append([chain[i + 1:], blocks])
+                return
+        self._free.extend(reversed(blocks))
 
     def check_integrity(self) -> None:
         """Every block is free or owned by exactly one table; loans name blocks the borrower

@@ -64,18 +64,21 @@ def _llama(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSh
                       32000, 4096, "float16", 2, ffn_matrices=3)
 
 
+def _opt(name: str, layers: int, hidden: int, heads: int) -> ModelShape:
+    # OPT: ffn 4 x hidden, 50272-token vocabulary, 2048 positions, eos 2 (facebook/opt-* configs).
+    return ModelShape(name, "opt", layers, hidden, heads, heads, hidden // heads, 4 * hidden,
+                      50272, 2048, "float16", 2)
+
+
 MODEL_SHAPES: dict[str, ModelShape] = {
     "llama-2-7b": _llama("llama-2-7b", 32, 4096, 32, 11008),
     "llama-2-13b": _llama("llama-2-13b", 40, 5120, 40, 13824),
-    # FluidInfer's models (report §6.1), from their published configs.
-    "opt-125m": ModelShape("opt-125m", "opt", 12, 768, 12, 12, 64, 3072, 50272, 2048,
-                           "float16", 2),
-    "opt-1.3b": ModelShape("opt-1.3b", "opt", 24, 2048, 32, 32, 64, 8192, 50272, 2048,
-                           "float16", 2),
-    "opt-6.7b": ModelShape("opt-6.7b", "opt", 32, 4096, 32, 32, 128, 16384, 50272, 2048,
-                           "float16", 2),
-    "opt-13b": ModelShape("opt-13b", "opt", 40, 5120, 40, 40, 128, 20480, 50272, 2048,
-                          "float16", 2),
+    # FluidInfer's models (report §6.1) include OPT-125M and OPT-1.3B.
+    "opt-125m": _opt("opt-125m", 12, 768, 12),
+    "opt-1.3b": _opt("opt-1.3b", 24, 2048, 32),
+    "opt-2.7b": _opt("opt-2.7b", 32, 2560, 32),
+    "opt-6.7b": _opt("opt-6.7b", 32, 4096, 32),
+    "opt-13b": _opt("opt-13b", 40, 5120, 40),
     # The chat models deployed today, from their published config.json (bf16, GQA, untied
     # embeddings): 8.03B and 7.62B parameters.
     "llama-3.1-8b": ModelShape("llama-3.1-8b", "llama", 32, 4096, 32, 8, 128, 14336, 128256,

@@ -137,7 +137,7 @@ def test_policies_cpu_section_gives_ratios_to_vllm_and_says_when_the_cpu_was_sha
     assert "`alise` 0.50x" in sec.text and "`oracle` 0.25x" in sec.text
     assert "shared" in sec.text and "about 7 requests" in sec.text
     assert "time to first token was 120 ms at 1 req/s" in sec.text
-    assert "| 1 | alise | 0.2000 | 0.50 | 120 | 9.0 | 50.0 |" in sec.tables[0][1]
+    assert "| 1 | alise | 0.2000 | 0.50 | 120 | 9.0 | 50.0 | 0 |" in sec.tables[0][1]
     assert "shared" not in policies_cpu.section(found, policies_cpu.FULL, "ShareGPT",
                                                 cpu_stamp(0.0)).text
 
@@ -257,3 +257,39 @@ def test_model_families_section_names_a_differing_cell():
     assert "| `qwen3-tiny` | qwen3 | 4/4 | 3/4 **differs** |" in lines[2]
     text = model_families.summary_text(rows, {"max_tokens": 6, "prompt_lens": [5, 31]}, "cpu")
     assert "1 of 2 cells differ" in text and "qwen3-tiny on cpu: prompt of 31 tokens" in text
+
+
+def test_a_run_with_failed_requests_says_so_and_sustains_no_latency_target():
+    from benchmarks import tables
+    failing = bench_run("econoserve", 2.0, 0.01)
+    failing["summary"]["failed"] = 3
+    found = [bench_run("econoserve", 1.0, 0.02), failing]
+    assert "0.0100 (3 failed)" in "\n".join(tables.rate_table(found, lambda s: s[tables.NL],
+                                                                "{:.4f}"))
+    # Its normalized latency covers completed requests only: the rate does not count.
+    assert tables.sustained_rate(tables.nl_points(found, "econoserve"), 0.05) == (1.0, "")
+
+
+def tiny_alpaca(path: Path, n: int = 16) -> Path:
+    path.write_text(json.dumps([{"instruction": f"task {i} " * (2 + i), "input": "",
+                                 "output": "done " * (4 + 2 * i)} for i in range(n)]))
+    return path
+
+
+def test_econoserve_paper_quick_reports_sustained_rates_and_paper_metrics(tmp_path):
+    from benchmarks import econoserve_paper
+    argv = ["--quick", "--skip-real", "--dataset-path",
+            str(tiny_sharegpt(tmp_path / "tiny.jsonl.gz")),
+            "--alpaca-path", str(tiny_alpaca(tmp_path / "alpaca.json")),
+            "--docs", str(tmp_path / "docs"), "--raw", str(tmp_path / "raw")]
+    assert econoserve_paper.main(argv) == 0
+    out = output.Outputs(docs=tmp_path / "docs", raw=tmp_path / "raw")
+    record = json.loads(out.file("econoserve_paper", "json").read_text())
+    assert set(record["runs"]) == {"sharegpt", "alpaca"}
+    assert {r["policy"] for r in record["runs"]["sharegpt"]} == set(econoserve_paper.POLICIES)
+    assert set(record["sustained"]["alpaca"]["econoserve"]) == {"NL <= 0.05", "NL <= 0.1",
+                                                                "SSR >= 90%"}
+    text = out.page.read_text()
+    assert section_count(text, "econoserve_paper") == 1
+    assert "x vllm-v0" in text and "scheduler share of JCT" in text
+    assert "--block-size 32 --num-gpu-blocks 491" in text

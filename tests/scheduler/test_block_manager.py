@@ -65,6 +65,29 @@ def test_loan_outliving_its_lender_goes_to_the_free_pool():
     bm.check_integrity()
 
 
+def test_a_borrower_lends_on_and_blocks_go_back_to_the_nearest_running_lender():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    bm.allocate_slots("host", 32)
+    bm.lend("host", "guest", 4, lender_needs_tokens=16)          # blocks 4-7
+    assert bm.lend("guest", "inner", 2, lender_needs_tokens=8) == [6, 7]
+    bm.check_integrity()
+    bm.free("inner")                              # back to the guest, still lent by the host
+    assert bm.block_table("guest") == [4, 5, 6, 7]
+    bm.lend("guest", "inner", 2, lender_needs_tokens=8)
+    bm.free("guest")                              # the guest's own loan goes home at once...
+    assert bm.num_blocks_of("host") == 6
+    bm.free("inner")                              # ...and the inner one skips the finished guest
+    assert sorted(bm.block_table("host")) == list(range(8)) and bm.num_free_blocks == 0
+    bm.check_integrity()
+    bm.lend("host", "guest", 4, lender_needs_tokens=16)
+    bm.lend("guest", "inner", 2, lender_needs_tokens=8)
+    bm.free("host")
+    bm.free("guest")
+    bm.free("inner")                              # every lender gone: the free pool
+    assert bm.num_free_blocks == 8
+    bm.check_integrity()
+
+
 def test_a_reused_lender_id_never_inherits_a_stale_loan():
     # The lender finishes while its loan is out; a new request takes the same id. When the
     # borrower frees, the lent blocks belong to no one: they must go to the free pool, not

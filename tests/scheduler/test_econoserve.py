@@ -105,32 +105,54 @@ def test_a_host_whose_guest_finished_lends_again():
     assert host.num_output_tokens == 56
 
 
-def test_prompts_waiting_for_their_allocation_stay_within_the_reserve():
+def waiting_and_prefilling_kv(*options):
     s = econo("padding_ratio=0", "enable_pipelining=false", "reserved_kv_fraction=0.1",
-              num_gpu_blocks=32)
+              *options, num_gpu_blocks=32)
     add(s, make_request("long", 4, 80, predicted_output_len=80, slo_deadline_s=100))
     step(s)
     step(s)
     short = add(s, *(make_request(f"p{i}", 4, 20, predicted_output_len=20, slo_deadline_s=100)
                      for i in range(12)))
-    bm, policy, held = s.block_manager, s.policy, []
+    bm, policy, prefilling, waiting = s.block_manager, s.policy, [], []
     for i in range(300):
         if not s.has_unfinished_requests():
             break
         step(s, float(i))
-        held.append(sum(bm.num_blocks_of(r.request_id) for r in policy.gts.ordered()))
-    # Prefilled GTs with no room to start would otherwise hold 11 of the 32 blocks.
-    assert max(held) <= policy.reserved_blocks == 4
+        prefilling.append(sum(bm.num_blocks_of(rid) for rid in policy.prefilling))
+        waiting.append(sum(bm.num_blocks_of(r.request_id) for r in policy.gts.ordered()))
     assert all(r.num_output_tokens == 20 for r in short)
+    return policy, max(prefilling), max(waiting)
 
 
-def test_under_prediction_preempts_by_recompute_without_swapping():
+def test_prompts_prefill_in_the_reserve_whatever_the_waiting_gts_hold():
+    policy, prefilling, waiting = waiting_and_prefilling_kv("waiting_kv_fraction=1")
+    # Prompts kept coming while prefilled GTs held more than the reserve (before, they
+    # waited beside free blocks once waiting GTs held 4), and never held more than it.
+    assert prefilling <= policy.reserved_blocks == 4 < waiting
+
+
+def test_prompt_kv_waiting_for_gt_allocations_is_capped():
+    policy, _, waiting = waiting_and_prefilling_kv("waiting_kv_fraction=0.2")
+    assert policy.waiting_cap == 6 and waiting <= 6 + 1       # the cap, plus one prompt
+
+
+def test_under_prediction_pauses_the_gt_with_its_kv_instead_of_recomputing():
     s = econo("padding_ratio=0", "reserved_kv_fraction=0", "enable_pipelining=false",
               num_gpu_blocks=8, max_model_len=32, num_host_blocks=16)
     reqs = [make_request(r, 4, 12, predicted_output_len=1) for r in "abc"]
     add(s, *reqs)
-    drain(s)
-    assert s.state.num_preemptions > 0
+    paused_with_kv = []
+    for i in range(200):
+        if not s.has_unfinished_requests():
+            break
+        step(s, float(i))
+        gts = s.policy.gts.ordered()
+        paused_with_kv += [r.num_computed_tokens for r in gts if r.num_output_tokens > 1
+                           and s.block_manager.num_blocks_of(r.request_id)]
+        # A paused GT ranks by the KV it holds: ahead of one holding less.
+        held = [s.block_manager.num_blocks_of(r.request_id) for r in gts]
+        assert held == sorted(held, reverse=True)
+    assert s.policy.num_pauses > 0 and max(paused_with_kv) > 5     # outputs' KV kept
     assert all(r.num_output_tokens == 12 for r in reqs)
     assert s.stats().num_free_host_blocks == 16                 # never swapped
 

@@ -77,3 +77,16 @@ def test_idle_engine_jumps_to_the_next_arrival():
     run = simulate(make_spec(target=make_target(constant_cost(0.01))),
                    workload((4, 2, 0.0), (4, 2, 100.0)), 1.0, False)
     assert run.records[1].token_times[0] == pytest.approx(100.01)
+
+
+def test_runs_report_kv_use_scheduler_time_and_the_longest_wait():
+    # Two 30-token prompts on a 10-block pool: the second waits for the first to finish.
+    spec = make_spec("vllm", make_target(constant_cost(0.01), num_gpu_blocks=10), max_model_len=40)
+    run = simulate(spec, workload((30, 8, 0.0), (30, 8, 0.0)), 1.0, False)
+    stats = run.stats
+    assert 0.5 < stats["kv_allocated_util"] <= 1.0
+    assert 0.0 < stats["kv_used_util"] <= stats["kv_allocated_util"]
+    assert stats["schedule_ms_per_iteration"] > 0 and 0 < stats["schedule_share"] < 1
+    summary = summarize(run.records, run.duration_s)
+    waits = sorted(r.ttft for r in run.records)
+    assert summary["max_ttft_ms"] == pytest.approx(waits[-1] * 1000) and waits[-1] > 0.05

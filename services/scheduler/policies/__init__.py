@@ -12,10 +12,12 @@ from services.scheduler.policies.orca import OrcaPolicy, StaticPolicy
 from services.scheduler.policies.sarathi import SarathiPolicy
 from services.scheduler.policies.ssjf import SsjfPolicy
 from services.scheduler.policies.vllm import VllmPolicy
+from services.scheduler.policies.vllm_v0 import VllmV0Policy
 from services.scheduler.policy import Policy, PolicyConfig, parse_policy_config
 
 POLICIES: dict[str, type[Policy]] = {
     VllmPolicy.name: VllmPolicy,
+    VllmV0Policy.name: VllmV0Policy,
     OrcaPolicy.name: OrcaPolicy,
     StaticPolicy.name: StaticPolicy,
     SarathiPolicy.name: SarathiPolicy,

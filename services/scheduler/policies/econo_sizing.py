@@ -19,9 +19,11 @@ class EconoServeConfig(PolicyConfig):
     padding_ratio: float = 0.15         # paper's sweet spot for ShareGPT (10-20%)
     use_upper_quantile: bool = False    # size KV by the predictor's upper quantile instead
     reserved_kv_fraction: float = 0.03  # of the pool, kept for prompt tasks (paper: 2-4%)
+    waiting_kv_fraction: float = 0.1    # of the pool: prompt KV of prefilled GTs still waiting
     enable_pipelining: bool = True
     buffer_ratio: float = 0.15          # pipelining safety buffer, of the hosting GT's remainder
     group_bucket_tokens: int = 16       # equal predicted remainder (to this bucket) = one group
+    sync_groups: bool = True            # select GTs only when due (a GT ended, paused, fits)
     default_output_len: int = 128       # until a prediction arrives
     slo_scale: float = 2.0
     prefill_s_per_token: float = 0.0005  # initial tp; measured timings refine it
@@ -36,6 +38,7 @@ def validate(cfg: EconoServeConfig, sched: SchedulerConfig) -> int:
     """Refuse options that cannot work; returns the number of reserved blocks."""
     checks = [
         (0.0 <= cfg.reserved_kv_fraction < 1.0, "reserved_kv_fraction must be in [0, 1)"),
+        (0.0 < cfg.waiting_kv_fraction <= 1.0, "waiting_kv_fraction must be in (0, 1]"),
         (cfg.padding_ratio >= 0.0, "padding_ratio must be >= 0"),
         (0.0 <= cfg.buffer_ratio < 0.5, "buffer_ratio must be in [0, 0.5)"),
         (cfg.slo_scale > 0.0, "slo_scale must be > 0"),

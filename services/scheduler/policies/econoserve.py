@@ -4,34 +4,50 @@ Prompt tasks (PTs) and generation tasks (GTs) wait in separate ordered queues. E
 iteration:
 
 1. active GTs decode one token each inside their exact KV allocation (predicted length plus
-   padding, or the calibrated upper quantile);
-2. when KV is free, GT groups of equal predicted remainder (time-synced: they start together
-   and are expected to end together) are activated from the GT queue until the unreserved KV
-   is allocated, splitting the last group, then a best fit found by binary search;
-3. each newly activated GT may host one smaller GT in the second half of its allocation
-   (``BlockManager.lend``), chosen so it ends a safety buffer before the host needs it back;
-4. PTs fill the rest of the token budget within the reserved KV (counting every prompt still
-   waiting for its GT allocation); beyond it only when no GT waits and the PT's whole
-   allocation fits the unreserved free KV. A finished prefill turns the PT into a queued GT
-   that keeps its prompt KV.
+   padding, or the calibrated upper quantile); a host first takes back a loan it will need
+   (``econo_pipe.py``);
+2. GT selection, only when it is due (``sync_groups``: a GT finished, paused or moved, or a GT
+   was queued that fits the free KV; the paper schedules a time-synced group once, when a group
+   completes): GT groups of equal predicted remainder start together from the GT queue until
+   the unreserved KV is allocated, splitting the last group; then each started GT lends the
+   unused halves of its allocation to smaller GTs, recursively (``econo_pipe.py``);
+3. PTs fill the rest of the token budget: within the reserved KV (``reserved_kv_fraction``,
+   whatever prefilled GTs hold), or beyond it when no GT waits and the PT's whole allocation
+   fits the unreserved free KV. A finished prefill turns the PT into a queued GT that keeps its
+   prompt KV.
 
-A GT that outgrows its allocation first takes free (reserved) blocks; when none are free it
-preempts by recompute, never by swap: its hosted GT if it has one, else the lowest-priority
-idle GT, else the lowest-priority running task (possibly itself).
+Bounded waits. When the head GT (earliest SLO deadline range) does not fit, the free KV is
+held for it and a smaller GT starts only if it is predicted to end before the head could
+start, or fits in what will be spare then (``econo_backfill.py``). This reservation was chosen
+over aging because EconoServe's ordering already ages: a GT's deadline is fixed at arrival, so
+every later arrival of the same SLO ranks behind it, and a GT reaches the head within its SLO
+window. What starved it was only the best-fit pick that let smaller GTs take the KV as it
+freed; the reservation bounds the wait at the head by the running GTs' predicted remainders,
+without the head-of-line blocking of a plain reservation. A PT that reached the PT queue's
+head is never passed over for blocks (admission stops there) and is chunked rather than passed
+over for the token budget.
+
+Under-prediction (offload-free preemption, paper §3.3.2): a GT that outgrows its allocation
+first takes free (reserved) blocks; when none are free it pauses, keeping its KV, and is queued
+again as a GT with its corrected remainder, ranked by the KV it holds. Only when nothing can
+run at all (every block held by waiting tasks) is the lowest-priority queued GT recomputed.
 """
 from __future__ import annotations
 
 from services.scheduler.output import Budget, SchedulerOutput
+from services.scheduler.policies.econo_backfill import reserve
+from services.scheduler.policies.econo_pipe import PipeliningMixin
 from services.scheduler.policies.econo_queues import OrderedQueue, Ordering
 from services.scheduler.policies.econo_sizing import EconoServeConfig, LengthModel, validate
 from services.scheduler.policy import Policy
 from services.scheduler.request import Prediction, Request, RequestStatus
 from services.scheduler.state import SchedulerState
 
-_RUNNING = RequestStatus.RUNNING
+_RUNNING, _SWAPPED = RequestStatus.RUNNING, RequestStatus.SWAPPED
+_BACKFILL_STEPS = 64     # size-index steps per selection while the head waits
 
 
-class EconoServePolicy(Policy):
+class EconoServePolicy(PipeliningMixin, Policy):
     name = "econoserve"
     config_class = EconoServeConfig
 
@@ -39,16 +55,26 @@ class EconoServePolicy(Policy):
         super().__init__(config, policy_config)
         o = self.options
         self.reserved_blocks = validate(o, config)
+        self.waiting_cap = max(1, int(o.waiting_kv_fraction * config.num_gpu_blocks))
         self.model = LengthModel(o, config, self.reserved_blocks)
         self.ordering = Ordering(o.deadline_range_s, o.kv_range_blocks, o.length_range_tokens)
         self.pts = OrderedQueue()            # waiting / preempted: no KV
-        self.gts = OrderedQueue()            # prefilled, holding prompt KV, not decoding
+        self.gts = OrderedQueue()            # prefilled, paused or on the host tier
         self.prefilling: dict[str, Request] = {}
         self.active: dict[str, Request] = {}  # decoding, in activation order
-        self.keys: dict[str, tuple] = {}      # priority of every KV holder (victim choice)
-        self.lender_of: dict[str, str] = {}
-        self.borrower_of: dict[str, str] = {}
+        self.keys: dict[str, tuple] = {}      # priority of every KV holder
+        self.lender_of: dict[str, str] = {}           # guest id -> its host's
+        self.guests: dict[str, list[Request]] = {}    # host id -> its guests, latest last
         self._bm = None
+        self._due = True                      # GT selection due this iteration
+        self.num_selections = 0               # iterations that ran GT selection
+        self.num_pauses = 0                   # offload-free preemptions
+        self.num_guest_moves = 0              # guests moved to the host tier
+        self.num_hosted = 0                   # GTs started in another's allocation
+        self.num_forced = 0                   # waiting GTs recomputed to make room
+        self._iteration = 0
+        self._promise: tuple[str, int] | None = None   # blocked head, iteration to start by
+        self._wake: int | None = None         # a promise falls due: select then
 
     # -- queues --------------------------------------------------------------------------
     def _key(self, req: Request, occupied: int, length: int) -> tuple:
@@ -58,28 +84,37 @@ class EconoServePolicy(Policy):
         self.pts.push(req, self._key(req, 0, req.num_tokens), req.num_tokens)
 
     def _queue_gt(self, req: Request, bm) -> None:
-        have = bm.num_blocks_of(req.request_id)
+        if req.status is _SWAPPED:       # its KV is on the host tier: all blocks to allocate
+            have, occupied = 0, bm.blocks_for(req.num_computed_tokens)
+        else:
+            have = occupied = bm.num_blocks_of(req.request_id)
         need = max(bm.blocks_for(self.model.target_tokens(req)) - have, 0)
-        self.gts.push(req, self._key(req, have, self.model.remaining(req)), need)
+        self.gts.push(req, self._key(req, occupied, self.model.remaining(req)), need)
+        if need <= bm.num_free_blocks - self.reserved_blocks:
+            self._due = True
 
     def add_request(self, request: Request) -> None:
         self._queue_pt(request)
 
     def remove_request(self, request: Request) -> None:
-        self._forget(request)
+        self._unlink(request)
         self.pts.remove(request)
+        self._due = True
 
-    def _forget(self, req: Request) -> None:
+    def _unlink(self, req: Request) -> None:
+        """Forget the request in every table; its guests lose their host (their blocks go
+        back to the next lender, or the free pool), its host its loan."""
         rid = req.request_id
         for table in (self.prefilling, self.active, self.keys):
             table.pop(rid, None)
         self.gts.remove(req)
-        lender = self.lender_of.pop(rid, None)
-        if lender is not None:
-            self.borrower_of.pop(lender, None)
-        borrower = self.borrower_of.pop(rid, None)
-        if borrower is not None:
-            self.lender_of.pop(borrower, None)
+        host = self.lender_of.pop(rid, None)
+        if host is not None:
+            stack = self.guests.get(host, [])
+            if req in stack:
+                stack.remove(req)
+        for guest in self.guests.pop(rid, ()):
+            self.lender_of.pop(guest.request_id, None)
 
     def on_prediction(self, request: Request, prediction: Prediction) -> None:
         # Re-rank queued tasks; an active GT keeps its allocation (growth handles a miss).
@@ -95,11 +130,19 @@ class EconoServePolicy(Policy):
     def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
         self._bm = state.block_manager
         output = state.new_output()
+        self._iteration += 1
+        if self._wake is not None and self._iteration >= self._wake:
+            self._due, self._wake = True, None
+        if self.options.enable_pipelining and self.guests:
+            self._reclaim_loans(state, output)
         tokens = self._decode_active(state, output, budget.max_num_batched_tokens)
         tokens = self._continue_prefills(output, tokens)
-        tokens = self._activate_groups(state, output, tokens)
-        if self.options.enable_pipelining:
-            tokens = self._lend_idle_halves(state, output, tokens)
+        if self._due or not self.options.sync_groups:
+            self._due = False
+            self.num_selections += 1
+            tokens = self._activate_groups(state, output, tokens)
+            if self.options.enable_pipelining:
+                tokens = self._lend_idle_halves(state, output, tokens)
         if not output.scheduled and self.gts:
             tokens = self._force_one_gt(state, output, tokens)
         self._admit_prompts(state, output, tokens)
@@ -108,43 +151,34 @@ class EconoServePolicy(Policy):
     def _decode_active(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
         for req in list(self.active.values()):
             if tokens <= 0:
+                self._due = True          # some GTs got no token: look again next iteration
                 break
-            if req.status is _RUNNING and self._grow(state, output, req):
+            if req.status is _RUNNING and self._grow(state, req):
                 output.add(req, 1)
                 tokens -= 1
         return tokens
 
-    def _grow(self, state: SchedulerState, output: SchedulerOutput, req: Request) -> bool:
-        """Room for the request's next token; False if it was preempted making it."""
+    def _grow(self, state: SchedulerState, req: Request) -> bool:
+        """Room for the request's next token; False if it paused for lack of KV."""
         allocate, rid = state.block_manager.allocate_slots, req.request_id
-        need = req.num_computed_tokens + 1
-        if allocate(rid, need):
+        if allocate(rid, req.num_tokens):
             return True
-        # Under-provisioned: re-size by the corrected estimate if possible, else one block.
+        # Under-provisioned: re-size by the corrected estimate if possible (doubling).
         if allocate(rid, self.model.target_tokens(req)):
             return True
-        while not allocate(rid, need):
-            victim = self._victim(req, output)
-            self._preempt(state, output, victim)
-            if victim is req:
-                return False
-        return True
+        self._pause(req, state.block_manager)
+        return False
 
-    def _victim(self, req: Request, output: SchedulerOutput) -> Request:
-        """Its hosted GT (the buffer was not enough), else the lowest-priority idle GT, else
-        the lowest-priority task not yet in this batch (possibly ``req`` itself)."""
-        taken = {r.request_id for r, _ in output.scheduled}
-        borrower = self.borrower_of.get(req.request_id)
-        if borrower is not None and borrower in self.active and borrower not in taken:
-            return self.active[borrower]
-        if self.gts:
-            return self.gts.tail()
-        holders = [r for r in (*self.active.values(), *self.prefilling.values())
-                   if r.status is _RUNNING and r.request_id not in taken]
-        return max(holders, key=lambda r: self.keys.get(r.request_id, ()), default=req)
+    def _pause(self, req: Request, bm) -> None:
+        """Offload-free preemption: stop decoding, keep the KV, queue again as a GT."""
+        del self.active[req.request_id]
+        self.keys.pop(req.request_id, None)
+        self.num_pauses += 1
+        self._queue_gt(req, bm)
+        self._due = True
 
     def _preempt(self, state: SchedulerState, output: SchedulerOutput, req: Request) -> None:
-        self._forget(req)
+        self._unlink(req)
         state.preempt(req, output)
         self._queue_pt(req)
 
@@ -158,36 +192,84 @@ class EconoServePolicy(Policy):
                 tokens -= n
         return tokens
 
-    # -- generation tasks: time-synced groups and KV pipelining ----------------------------
-    def _free_for_gts(self, state: SchedulerState) -> int:
-        return state.block_manager.num_free_blocks - self.reserved_blocks
+    # -- generation tasks: time-synced groups, the head's reservation ----------------------
+    def _free_for_gts(self, bm) -> int:
+        return bm.num_free_blocks - self.reserved_blocks
 
     def _group(self, req: Request) -> int:
         return self.model.remaining(req) // self.options.group_bucket_tokens
 
     def _activate_groups(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
+        bm = state.block_manager
         while tokens > 0 and self.gts:
-            free = self._free_for_gts(state)
             head = self.gts.head()
-            if self.gts.size_of(head) > free:
-                head = self.gts.largest_fitting(free)    # binary search for a best fit
-                if head is None:
-                    break
+            if self.gts.size_of(head) > self._free_for_gts(bm):
+                return self._backfill(state, output, head, tokens)
             group = self._group(head)
             members = [r for r in self.gts.ordered() if self._group(r) == group]
             for req in [head] + [r for r in members if r is not head]:
                 if req not in self.gts:
                     continue                              # hosted by an earlier member
-                if tokens <= 0 or self.gts.size_of(req) > self._free_for_gts(state):
+                if tokens <= 0 or self.gts.size_of(req) > self._free_for_gts(bm):
                     break                                 # split the group: KV is full
                 tokens = self._activate(state, output, req, tokens)
+        if tokens <= 0 and self.gts:
+            self._due = True
+        return tokens
+
+    def _releases(self, bm) -> list[tuple[int, int]]:
+        """Running GTs' (predicted remainder, blocks back at their end); a host gets its
+        loans back first, so it is counted with its whole allocation, a guest with none."""
+        return [(self.model.remaining(r),
+                 0 if rid in self.lender_of else
+                 max(bm.num_blocks_of(rid), bm.blocks_for(self.model.target_tokens(r))))
+                for rid, r in self.active.items()]
+
+    def _backfill(self, state: SchedulerState, output: SchedulerOutput, head: Request,
+                  tokens: int) -> int:
+        """The head does not fit: promise it a start (the shadow of the running GTs'
+        releases, fixed when it first waits at the head) and start smaller GTs only where they
+        do not delay it. At the promised iteration, waiting GTs that hold the KV it needs
+        (prompts prefilled meanwhile) are recomputed to keep the promise."""
+        bm, rid, now = state.block_manager, head.request_id, self._iteration
+        need = self.gts.size_of(head)
+        plan = reserve(need, self._free_for_gts(bm), self._releases(bm))
+        if self._promise is None or self._promise[0] != rid:
+            # A new head (one that overtook the last keeps the bound of its own deadline).
+            self._promise = (rid, now + (plan.shadow or 0))
+        promise = self._promise[1]
+        if now >= promise:
+            if self._evictable(bm, head) >= need - self._free_for_gts(bm):
+                self._evict_queued(state, output, head, self._free_for_gts)
+                return self._activate(state, output, head, tokens)
+            self._wake = now + 1      # running GTs outlive their prediction: look again
+            return tokens
+        plan.shadow = promise - now if plan.shadow is None else min(plan.shadow, promise - now)
+        self._wake = promise if self._wake is None else min(self._wake, promise)
+        bound = self._free_for_gts(bm)
+        for _ in range(_BACKFILL_STEPS):
+            if tokens <= 0 or bound < 0:
+                break
+            cand = self.gts.largest_fitting(min(bound, self._free_for_gts(bm)))
+            if cand is None:
+                break
+            size, remaining = self.gts.size_of(cand), self.model.remaining(cand)
+            if cand is not head and plan.admits(remaining, size):
+                plan.take(remaining, size)
+                tokens = self._activate(state, output, cand, tokens)
+            else:
+                bound = size - 1
         return tokens
 
     def _activate(self, state: SchedulerState, output: SchedulerOutput, req: Request,
                   tokens: int) -> int:
+        bm = state.block_manager
         self.gts.remove(req)
-        if not state.block_manager.allocate_slots(req.request_id, self.model.target_tokens(req)):
-            self._queue_gt(req, state.block_manager)     # sizes moved under it: retry later
+        if req.status is _SWAPPED and not state.swap_in(req, output):
+            self._queue_gt(req, bm)
+            return tokens
+        if not bm.allocate_slots(req.request_id, self.model.target_tokens(req)):
+            self._queue_gt(req, bm)                      # sizes moved under it: retry later
             return tokens
         self._start(req, output)
         tokens -= 1
@@ -200,80 +282,48 @@ class EconoServePolicy(Policy):
         self.keys[req.request_id] = self._key(req, 0, self.model.remaining(req))
         output.add(req, 1)
 
-    def _host(self, state: SchedulerState, output: SchedulerOutput, host: Request,
-              tokens: int) -> int:
-        """Lend the second half of the host's fresh allocation to a GT predicted to finish,
-        with the safety buffer, before the host writes there."""
-        bm, rid = state.block_manager, host.request_id
-        remaining = self.model.remaining(host)
-        keep = host.num_tokens + -(-remaining // 2)
-        spare = bm.num_blocks_of(rid) - bm.blocks_for(keep)
-        limit = remaining // 2 - int(self.options.buffer_ratio * remaining)
-        guest = self._guest(spare, limit)
-        if guest is None:
-            return tokens
-        need = self.gts.size_of(guest)
-        self.gts.remove(guest)
-        if need:
-            bm.lend(rid, guest.request_id, need, keep)
-            self.lender_of[guest.request_id] = rid
-            self.borrower_of[rid] = guest.request_id
-        self._start(guest, output)
-        return tokens - 1
+    def _evictable(self, bm, head: Request) -> int:
+        return sum(bm.num_blocks_of(r.request_id) for r in self.gts.ordered()
+                   if r is not head and r.status is _RUNNING)
 
-    def _lend_idle_halves(self, state: SchedulerState, output: SchedulerOutput,
-                          tokens: int) -> int:
-        """GTs still waiting: running hosts that lend nothing now (never did, or their guest
-        finished) lend the unused half of what is left of their allocation, as at activation.
-        Guests do not re-lend: a loan's blocks go back to their owner."""
-        for host in list(self.active.values()):
-            if tokens <= 0 or not self.gts:
-                break
-            rid = host.request_id
-            if host.status is _RUNNING and rid not in self.borrower_of \
-                    and rid not in self.lender_of:
-                tokens = self._host(state, output, host, tokens)
-        return tokens
-
-    def _guest(self, spare_blocks: int, limit_tokens: int) -> Request | None:
-        """The largest queued GT that fits the lent blocks and is predicted to end within
-        ``limit_tokens``. The largest fitting one alone is usually too long (a GT's blocks
-        grow with its predicted remainder): step down the size index past each miss."""
-        bound = spare_blocks
-        while bound > 0 and limit_tokens >= 1:
-            guest = self.gts.largest_fitting(bound)
-            if guest is None or self.model.remaining(guest) <= limit_tokens:
-                return guest
-            bound = self.gts.size_of(guest) - 1
-        return None
+    def _evict_queued(self, state: SchedulerState, output: SchedulerOutput, head: Request,
+                      room) -> None:
+        """Recompute the lowest-priority waiting GTs holding device KV until ``head``'s
+        allocation fits ``room(block_manager)``."""
+        bm = state.block_manager
+        if self.gts.size_of(head) <= room(bm):
+            return
+        for victim in reversed(self.gts.ordered()):
+            if victim is not head and victim.status is _RUNNING \
+                    and bm.num_blocks_of(victim.request_id):
+                self.num_forced += 1
+                self._preempt(state, output, victim)
+                if self.gts.size_of(head) <= room(bm):
+                    return
 
     def _force_one_gt(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
-        """Nothing could run: every block is held by idle GTs. Run the first one on whatever
-        is free, recomputing the lowest-priority others if needed, so the queue drains."""
-        req = self.gts.head()
-        self.gts.remove(req)
-        bm = state.block_manager
-        while not bm.allocate_slots(req.request_id, req.num_tokens):
-            if not self.gts:                 # cannot happen: a lone request always fits
-                self._preempt(state, output, req)
-                return tokens
-            self._preempt(state, output, self.gts.tail())
-        bm.allocate_slots(req.request_id, self.model.target_tokens(req))
-        self._start(req, output)
-        return tokens - 1
+        """Nothing could run: every block is held by waiting tasks. Recompute the
+        lowest-priority GTs holding device KV until the head's allocation fits, then run it."""
+        bm, head = state.block_manager, self.gts.head()
+        self._evict_queued(state, output, head, lambda b: b.num_free_blocks)
+        if self.gts.size_of(head) > bm.num_free_blocks:
+            return tokens                                # prefills hold the rest: they finish
+        return self._activate(state, output, head, tokens)
 
     # -- prompt tasks ----------------------------------------------------------------------
     def _admit_prompts(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> None:
         bm = state.block_manager
-        held = self._prompt_kv_held(bm)
+        held = sum(bm.num_blocks_of(rid) for rid in self.prefilling)
+        waiting = self._waiting_kv(bm) if self.gts else 0
         while tokens > 0 and self.pts:
+            if waiting and held + waiting >= self.waiting_cap:
+                return      # enough prompts wait for their GT allocation already
             req = self._pick_prompt(bm, tokens, held, first=not self.prefilling and
                                     not output.scheduled)
             if req is None or not state.admit(req, req.num_tokens):
                 return
             self.pts.remove(req)
             held += bm.num_blocks_of(req.request_id)
-            # Without chunking an oversized prompt runs whole, alone.
             n = req.num_tokens
             if self.config.enable_chunked_prefill:
                 n = min(n, tokens)
@@ -282,34 +332,33 @@ class EconoServePolicy(Policy):
             output.add(req, n)
             tokens -= n
 
-    def _prompt_kv_held(self, bm) -> int:
-        """Blocks held for prompts that have no GT allocation yet: prefilling, or prefilled
-        and queued as GTs."""
-        return sum(bm.num_blocks_of(rid) for rid in self.prefilling) + sum(
-            bm.num_blocks_of(r.request_id) for r in self.gts.ordered())
+    def _waiting_kv(self, bm) -> int:
+        """Blocks of the GTs waiting for their allocation that have never decoded (prompt
+        KV); kept up to date at queue changes would cost more than this sum, which runs
+        once per iteration over the waiting GTs."""
+        return sum(bm.num_blocks_of(r.request_id) for r in self.gts.ordered()
+                   if r.request_id not in self.lender_of)
 
     def _prompt_fits(self, bm, req: Request, held: int) -> bool:
-        """PTs live in the reserve (the paper's "small amount of KVC reserved for adding PTs"),
-        counting every prompt still waiting for its GT allocation. Beyond it a prompt starts
-        only when no GT waits and its whole allocation fits the unreserved free KV: a prompt
-        admitted without room for its GT holds prompt KV that queued GTs need to start, and
-        such prompts pile up until decoding stalls."""
-        free = bm.num_free_blocks
-        if held + bm.blocks_for(req.num_tokens) <= min(self.reserved_blocks, held + free):
+        """PTs live in the reserve (the paper's "small amount of KVC reserved for adding
+        PTs"): ``held`` counts the prompts being prefilled, not the prefilled ones waiting as
+        GTs (their KV is the GTs' now), so prompts do not wait beside free blocks. A prompt
+        larger than the whole reserve may use it alone. Beyond it a prompt starts only when
+        no GT waits and its whole allocation fits the unreserved free KV, so that prompts
+        whose GTs could not start do not take the KV the queued GTs wait for."""
+        free, need = bm.num_free_blocks, bm.blocks_for(req.num_tokens)
+        if need <= free and (held + need <= self.reserved_blocks or held == 0):
             return True
         target = bm.blocks_for(self.model.target_tokens(req))
         return not self.gts and target <= free - self.reserved_blocks
 
     def _pick_prompt(self, bm, tokens: int, held: int, first: bool) -> Request | None:
         head = self.pts.head()
-        if head.num_tokens <= tokens:
+        if head.num_tokens <= tokens or self.config.enable_chunked_prefill or first:
+            # The head fits the budget, is chunked into it, or runs whole and alone.
             return head if self._prompt_fits(bm, head, held) else None
         fit = self.pts.largest_fitting(tokens)        # binary search: fill the budget
-        if fit is not None:
-            return fit if self._prompt_fits(bm, fit, held) else None
-        # Only prompts longer than the budget remain: chunk the head rather than stall.
-        chunk = self.config.enable_chunked_prefill or first
-        return head if chunk and self._prompt_fits(bm, head, held) else None
+        return fit if fit is not None and self._prompt_fits(bm, fit, held) else None
 
     # -- after the iteration ---------------------------------------------------------------
     def update(self, output: SchedulerOutput, updated: list[Request], result=None) -> None:
