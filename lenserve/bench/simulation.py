@@ -74,6 +74,7 @@ def host_tier(spec: SimSpec, executor: SimExecutor, clock: VirtualClock) -> SimK
                          "--swap-space 0")
     from services.scheduler.policies import wants_kv_int8
     int8 = wants_kv_int8(spec.policy, list(o.policy_config), o.kv_int8)
+    executor.stream_link = link     # streamed waves (fluidinfer) cross the same link
     return SimKVManager(KVManagerConfig(o.swap_space_gib, int8=int8),
                         executor.model_info(), link, clock)
 
@@ -179,7 +180,17 @@ class _Replay:
                 "kv_allocated_util": self.kv_allocated_s / weight,
                 "kv_used_util": self.kv_used_s / weight,
                 "schedule_ms_per_iteration": profile.schedule_s / steps * 1e3,
-                "schedule_share": profile.schedule_s / max(profile.schedule_s + busy, 1e-12)}
+                "schedule_share": profile.schedule_s / max(profile.schedule_s + busy, 1e-12),
+                **self.stream_stats()}
+
+    def stream_stats(self) -> dict:
+        """Streamed waves (fluidinfer): host-link seconds charged, hidden behind compute,
+        and stalled (none without streaming)."""
+        ex = self.engine.executor
+        if not ex.stream_copy_s:
+            return {}
+        return {"stream_copy_s": ex.stream_copy_s, "stream_hidden_s": ex.stream_hidden_s,
+                "stream_stall_s": ex.stream_stall_s}
 
     def _stalled(self) -> None:
         """The engine ran nothing: wait for the next arrival, or, with none left, fail what

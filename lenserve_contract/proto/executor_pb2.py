@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from lenserve_contract.proto import common_pb2 as lenserve__contract_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&lenserve_contract/proto/executor.proto\x12\x0elenserve.proto\x1a$lenserve_contract/proto/common.proto\"\x89\x02\n\x11ScheduledSequence\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x1b\n\x13num_computed_tokens\x18\x03 \x01(\x05\x12\x13\n\x0b\x62lock_table\x18\x04 \x03(\x05\x12\x0e\n\x06sample\x18\x05 \x01(\x08\x12\x37\n\x0fsampling_params\x18\x06 \x01(\x0b\x32\x1e.lenserve.proto.SamplingParams\x12\x19\n\x11num_output_tokens\x18\x07 \x01(\x05\x12\x1c\n\x14\x62lock_table_is_delta\x18\x08 \x01(\x08\x12\x19\n\x11\x63ontext_token_ids\x18\t \x03(\x05\" \n\x04Wave\x12\x18\n\x10sequence_indices\x18\x01 \x03(\x05\"%\n\tBlockMove\x12\x0b\n\x03src\x18\x01 \x01(\x05\x12\x0b\n\x03\x64st\x18\x02 \x01(\x05\"\xbc\x02\n\x0e\x45xecuteRequest\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x34\n\tsequences\x18\x02 \x03(\x0b\x32!.lenserve.proto.ScheduledSequence\x12.\n\x0b\x63opy_blocks\x18\x03 \x03(\x0b\x32\x19.lenserve.proto.BlockMove\x12*\n\x07swap_in\x18\x04 \x03(\x0b\x32\x19.lenserve.proto.BlockMove\x12+\n\x08swap_out\x18\x05 \x03(\x0b\x32\x19.lenserve.proto.BlockMove\x12\x15\n\rswap_shm_name\x18\x06 \x01(\t\x12\x1c\n\x14\x66inished_request_ids\x18\x07 \x03(\t\x12#\n\x05waves\x18\x08 \x03(\x0b\x32\x14.lenserve.proto.Wave\"\x88\x01\n\x0cSampledToken\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x04 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x05 \x03(\x02\x12\x14\n\x0chas_logprobs\x18\x06 \x01(\x08\"\x87\x01\n\x10IterationTimings\x12\x11\n\tforward_s\x18\x01 \x01(\x01\x12\x13\n\x0b\x61ttention_s\x18\x02 \x01(\x01\x12\x10\n\x08sample_s\x18\x03 \x01(\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\x12\x0e\n\x06swap_s\x18\x05 \x01(\x01\x12\x18\n\x10wave_attention_s\x18\x06 \x03(\x01\"\xb2\x01\n\x0f\x45xecuteResponse\x12\x11\n\titeration\x18\x01 \x01(\x03\x12-\n\x07sampled\x18\x02 \x03(\x0b\x32\x1c.lenserve.proto.SampledToken\x12\x31\n\x07timings\x18\x03 \x01(\x0b\x32 .lenserve.proto.IterationTimings\x12*\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x1b.lenserve.proto.ErrorDetail\"\x12\n\x10ModelInfoRequest\"\xbe\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x12\n\nnum_layers\x18\x04 \x01(\x05\x12\x11\n\tnum_heads\x18\x05 \x01(\x05\x12\x14\n\x0cnum_kv_heads\x18\x06 \x01(\x05\x12\x10\n\x08head_dim\x18\x07 \x01(\x05\x12\x15\n\rmax_model_len\x18\x08 \x01(\x05\x12\x12\n\nblock_size\x18\t \x01(\x05\x12\x16\n\x0enum_gpu_blocks\x18\n \x01(\x05\x12\x17\n\x0f\x62ytes_per_block\x18\x0b \x01(\x03\x12\x19\n\x0c\x65os_token_id\x18\x0c \x01(\x05H\x00\x88\x01\x01\x12\r\n\x05\x64type\x18\r \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\x0e \x01(\tB\x0f\n\r_eos_token_id\"Y\n\x10\x42lockDataRequest\x12\x11\n\tblock_ids\x18\x01 \x03(\x05\x12\x10\n\x08shm_name\x18\x02 \x01(\t\x12\x0c\n\x04int8\x18\x03 \x01(\x08\x12\x12\n\nnum_tokens\x18\x04 \x01(\x05\"R\n\x11\x42lockDataResponse\x12\x11\n\tnum_bytes\x18\x01 \x01(\x03\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1b.lenserve.proto.ErrorDetail2\xd4\x02\n\x0f\x45xecutorService\x12J\n\x07\x45xecute\x12\x1e.lenserve.proto.ExecuteRequest\x1a\x1f.lenserve.proto.ExecuteResponse\x12K\n\x0cGetModelInfo\x12 .lenserve.proto.ModelInfoRequest\x1a\x19.lenserve.proto.ModelInfo\x12S\n\x0c\x45xportBlocks\x12 .lenserve.proto.BlockDataRequest\x1a!.lenserve.proto.BlockDataResponse\x12S\n\x0cImportBlocks\x12 .lenserve.proto.BlockDataRequest\x1a!.lenserve.proto.BlockDataResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&lenserve_contract/proto/executor.proto\x12\x0elenserve.proto\x1a$lenserve_contract/proto/common.proto\"\xb5\x02\n\x11ScheduledSequence\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x1b\n\x13num_computed_tokens\x18\x03 \x01(\x05\x12\x13\n\x0b\x62lock_table\x18\x04 \x03(\x05\x12\x0e\n\x06sample\x18\x05 \x01(\x08\x12\x37\n\x0fsampling_params\x18\x06 \x01(\x0b\x32\x1e.lenserve.proto.SamplingParams\x12\x19\n\x11num_output_tokens\x18\x07 \x01(\x05\x12\x1c\n\x14\x62lock_table_is_delta\x18\x08 \x01(\x08\x12\x19\n\x11\x63ontext_token_ids\x18\t \x03(\x05\x12\x18\n\x10host_block_table\x18\n \x03(\x05\x12\x10\n\x08streamed\x18\x0b \x01(\x08\" \n\x04Wave\x12\x18\n\x10sequence_indices\x18\x01 \x03(\x05\"%\n\tBlockMove\x12\x0b\n\x03src\x18\x01 \x01(\x05\x12\x0b\n\x03\x64st\x18\x02 \x01(\x05\"\xbc\x02\n\x0e\x45xecuteRequest\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x34\n\tsequences\x18\x02 \x03(\x0b\x32!.lenserve.proto.ScheduledSequence\x12.\n\x0b\x63opy_blocks\x18\x03 \x03(\x0b\x32\x19.lenserve.proto.BlockMove\x12*\n\x07swap_in\x18\x04 \x03(\x0b\x32\x19.lenserve.proto.BlockMove\x12+\n\x08swap_out\x18\x05 \x03(\x0b\x32\x19.lenserve.proto.BlockMove\x12\x15\n\rswap_shm_name\x18\x06 \x01(\t\x12\x1c\n\x14\x66inished_request_ids\x18\x07 \x03(\t\x12#\n\x05waves\x18\x08 \x03(\x0b\x32\x14.lenserve.proto.Wave\"\x88\x01\n\x0cSampledToken\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x04 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x05 \x03(\x02\x12\x14\n\x0chas_logprobs\x18\x06 \x01(\x08\"\x87\x01\n\x10IterationTimings\x12\x11\n\tforward_s\x18\x01 \x01(\x01\x12\x13\n\x0b\x61ttention_s\x18\x02 \x01(\x01\x12\x10\n\x08sample_s\x18\x03 \x01(\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\x12\x0e\n\x06swap_s\x18\x05 \x01(\x01\x12\x18\n\x10wave_attention_s\x18\x06 \x03(\x01\"\xb2\x01\n\x0f\x45xecuteResponse\x12\x11\n\titeration\x18\x01 \x01(\x03\x12-\n\x07sampled\x18\x02 \x03(\x0b\x32\x1c.lenserve.proto.SampledToken\x12\x31\n\x07timings\x18\x03 \x01(\x0b\x32 .lenserve.proto.IterationTimings\x12*\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x1b.lenserve.proto.ErrorDetail\"\x12\n\x10ModelInfoRequest\"\xbe\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x12\n\nnum_layers\x18\x04 \x01(\x05\x12\x11\n\tnum_heads\x18\x05 \x01(\x05\x12\x14\n\x0cnum_kv_heads\x18\x06 \x01(\x05\x12\x10\n\x08head_dim\x18\x07 \x01(\x05\x12\x15\n\rmax_model_len\x18\x08 \x01(\x05\x12\x12\n\nblock_size\x18\t \x01(\x05\x12\x16\n\x0enum_gpu_blocks\x18\n \x01(\x05\x12\x17\n\x0f\x62ytes_per_block\x18\x0b \x01(\x03\x12\x19\n\x0c\x65os_token_id\x18\x0c \x01(\x05H\x00\x88\x01\x01\x12\r\n\x05\x64type\x18\r \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\x0e \x01(\tB\x0f\n\r_eos_token_id\"Y\n\x10\x42lockDataRequest\x12\x11\n\tblock_ids\x18\x01 \x03(\x05\x12\x10\n\x08shm_name\x18\x02 \x01(\t\x12\x0c\n\x04int8\x18\x03 \x01(\x08\x12\x12\n\nnum_tokens\x18\x04 \x01(\x05\"R\n\x11\x42lockDataResponse\x12\x11\n\tnum_bytes\x18\x01 \x01(\x03\x12*\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1b.lenserve.proto.ErrorDetail2\xd4\x02\n\x0f\x45xecutorService\x12J\n\x07\x45xecute\x12\x1e.lenserve.proto.ExecuteRequest\x1a\x1f.lenserve.proto.ExecuteResponse\x12K\n\x0cGetModelInfo\x12 .lenserve.proto.ModelInfoRequest\x1a\x19.lenserve.proto.ModelInfo\x12S\n\x0c\x45xportBlocks\x12 .lenserve.proto.BlockDataRequest\x1a!.lenserve.proto.BlockDataResponse\x12S\n\x0cImportBlocks\x12 .lenserve.proto.BlockDataRequest\x1a!.lenserve.proto.BlockDataResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,27 +33,27 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lenserve_contract.proto.exe
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SCHEDULEDSEQUENCE']._serialized_start=97
-  _globals['_SCHEDULEDSEQUENCE']._serialized_end=362
-  _globals['_WAVE']._serialized_start=364
-  _globals['_WAVE']._serialized_end=396
-  _globals['_BLOCKMOVE']._serialized_start=398
-  _globals['_BLOCKMOVE']._serialized_end=435
-  _globals['_EXECUTEREQUEST']._serialized_start=438
-  _globals['_EXECUTEREQUEST']._serialized_end=754
-  _globals['_SAMPLEDTOKEN']._serialized_start=757
-  _globals['_SAMPLEDTOKEN']._serialized_end=893
-  _globals['_ITERATIONTIMINGS']._serialized_start=896
-  _globals['_ITERATIONTIMINGS']._serialized_end=1031
-  _globals['_EXECUTERESPONSE']._serialized_start=1034
-  _globals['_EXECUTERESPONSE']._serialized_end=1212
-  _globals['_MODELINFOREQUEST']._serialized_start=1214
-  _globals['_MODELINFOREQUEST']._serialized_end=1232
-  _globals['_MODELINFO']._serialized_start=1235
-  _globals['_MODELINFO']._serialized_end=1553
-  _globals['_BLOCKDATAREQUEST']._serialized_start=1555
-  _globals['_BLOCKDATAREQUEST']._serialized_end=1644
-  _globals['_BLOCKDATARESPONSE']._serialized_start=1646
-  _globals['_BLOCKDATARESPONSE']._serialized_end=1728
-  _globals['_EXECUTORSERVICE']._serialized_start=1731
-  _globals['_EXECUTORSERVICE']._serialized_end=2071
+  _globals['_SCHEDULEDSEQUENCE']._serialized_end=406
+  _globals['_WAVE']._serialized_start=408
+  _globals['_WAVE']._serialized_end=440
+  _globals['_BLOCKMOVE']._serialized_start=442
+  _globals['_BLOCKMOVE']._serialized_end=479
+  _globals['_EXECUTEREQUEST']._serialized_start=482
+  _globals['_EXECUTEREQUEST']._serialized_end=798
+  _globals['_SAMPLEDTOKEN']._serialized_start=801
+  _globals['_SAMPLEDTOKEN']._serialized_end=937
+  _globals['_ITERATIONTIMINGS']._serialized_start=940
+  _globals['_ITERATIONTIMINGS']._serialized_end=1075
+  _globals['_EXECUTERESPONSE']._serialized_start=1078
+  _globals['_EXECUTERESPONSE']._serialized_end=1256
+  _globals['_MODELINFOREQUEST']._serialized_start=1258
+  _globals['_MODELINFOREQUEST']._serialized_end=1276
+  _globals['_MODELINFO']._serialized_start=1279
+  _globals['_MODELINFO']._serialized_end=1597
+  _globals['_BLOCKDATAREQUEST']._serialized_start=1599
+  _globals['_BLOCKDATAREQUEST']._serialized_end=1688
+  _globals['_BLOCKDATARESPONSE']._serialized_start=1690
+  _globals['_BLOCKDATARESPONSE']._serialized_end=1772
+  _globals['_EXECUTORSERVICE']._serialized_start=1775
+  _globals['_EXECUTORSERVICE']._serialized_end=2115
 # @@protoc_insertion_point(module_scope)

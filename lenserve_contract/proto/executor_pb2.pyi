@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScheduledSequence(_message.Message):
-    __slots__ = ("request_id", "token_ids", "num_computed_tokens", "block_table", "sample", "sampling_params", "num_output_tokens", "block_table_is_delta", "context_token_ids")
+    __slots__ = ("request_id", "token_ids", "num_computed_tokens", "block_table", "sample", "sampling_params", "num_output_tokens", "block_table_is_delta", "context_token_ids", "host_block_table", "streamed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,8 @@ class ScheduledSequence(_message.Message):
     NUM_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TABLE_IS_DELTA_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    HOST_BLOCK_TABLE_FIELD_NUMBER: _ClassVar[int]
+    STREAMED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_computed_tokens: int
@@ -27,7 +29,9 @@ class ScheduledSequence(_message.Message):
     num_output_tokens: int
     block_table_is_delta: bool
     context_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., num_output_tokens: _Optional[int] = ..., block_table_is_delta: _Optional[bool] = ..., context_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    host_block_table: _containers.RepeatedScalarFieldContainer[int]
+    streamed: bool
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., num_output_tokens: _Optional[int] = ..., block_table_is_delta: _Optional[bool] = ..., context_token_ids: _Optional[_Iterable[int]] = ..., host_block_table: _Optional[_Iterable[int]] = ..., streamed: _Optional[bool] = ...) -> None: ...
 
 class Wave(_message.Message):
     __slots__ = ("sequence_indices",)

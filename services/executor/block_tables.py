@@ -16,6 +16,9 @@ class BlockTables:
         dropped = set(batch.finished_request_ids)
         tables = []
         for seq in batch.sequences:
+            if seq.host_block_table is not None:       # streamed: host blocks, sent whole
+                tables.append(list(seq.host_block_table))
+                continue
             if not seq.block_table_is_delta:
                 tables.append(list(seq.block_table))
                 continue
@@ -32,7 +35,10 @@ class BlockTables:
         for rid in batch.finished_request_ids:
             self._tables.pop(rid, None)
         for seq, table in zip(batch.sequences, tables):
-            self._tables[seq.request_id] = table
+            if seq.host_block_table is None:
+                self._tables[seq.request_id] = table
+            else:
+                self._tables.pop(seq.request_id, None)
 
     def __len__(self) -> int:
         return len(self._tables)

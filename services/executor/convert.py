@@ -68,14 +68,16 @@ def _seq_to_proto(s: ScheduledSequence) -> pb.ScheduledSequence:
         block_table=s.block_table, sample=s.sample,
         sampling_params=sampling_params_to_proto(s.sampling_params),
         num_output_tokens=s.num_output_tokens, block_table_is_delta=s.block_table_is_delta,
-        context_token_ids=s.context_token_ids)
+        context_token_ids=s.context_token_ids,
+        host_block_table=s.host_block_table or [], streamed=s.host_block_table is not None)
 
 
 def _seq_from_proto(m: pb.ScheduledSequence) -> ScheduledSequence:
     return ScheduledSequence(m.request_id, list(m.token_ids), m.num_computed_tokens,
                              list(m.block_table), m.sample,
                              sampling_params_from_proto(m.sampling_params), m.num_output_tokens,
-                             m.block_table_is_delta, list(m.context_token_ids))
+                             m.block_table_is_delta, list(m.context_token_ids),
+                             list(m.host_block_table) if m.streamed else None)
 
 
 def _moves(pairs: list[tuple[int, int]]) -> list[pb.BlockMove]:

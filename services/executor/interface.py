@@ -80,3 +80,9 @@ class Executor(ABC):
 def _dtype(info: ModelInfo):
     import torch
     return getattr(torch, info.dtype)
+
+
+class StreamError(RuntimeError):
+    """A streamed wave (KV read from the host tier, FluidInfer) could not run: a copy failed,
+    or a wave is larger than the staging area. Nothing of the iteration was applied; the
+    serving core falls back to resident-only schedules."""

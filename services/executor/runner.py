@@ -22,6 +22,7 @@ from services.executor.models.layers import AttentionContext
 from services.executor.models.loader import LoadedModel, load_model
 from services.executor.sampler import Sampler, SampleRequest
 from services.executor.sampling_state import SamplingState
+from services.executor.streaming import StreamError, _Staging, plan_streams
 from services.executor.types import (
     ExecutorInput,
     ExecutorOutput,
@@ -71,6 +72,29 @@ class InProcessExecutor(Executor):
         self.swap_buffers: dict[str, torch.Tensor] = {}   # name -> host buffer, per slot
         self._replayed = False    # the last forward was a graph replay (greedy rows are ready)
         self._verified: dict[str, object] = {}
+        self.stream_host: torch.Tensor | None = None   # the host tier's blocks (streaming)
+        self.stream_staged = self.device.type != "cpu"
+        self._staging: _Staging | None = None
+        self.stream_bytes = 0       # bytes uploaded into staging so far (staged streaming)
+
+    def attach_stream_source(self, host: torch.Tensor, *, staged: bool | None = None,
+                             staging_blocks: int = 0) -> None:
+        """Let sequences with a ``host_block_table`` run with their KV in ``host``
+        (``[num_layers, 2, num_host_blocks, block_size, Hkv, D]``, the KV manager's store).
+        ``staged``: copy each wave's layer into a device staging area (default on a GPU; a
+        CPU executor reads the host blocks in place); ``staging_blocks``: its size in blocks
+        of one layer (0: the device pool's block count)."""
+        kv = self.kv
+        want = (kv.num_layers, 2, kv.block_size, kv.num_kv_heads, kv.head_dim)
+        got = (host.shape[0], host.shape[1], *host.shape[3:])
+        if host.dim() != 6 or got != want or host.dtype != kv.cache.dtype:
+            raise InvalidRequestError(f"stream source {tuple(host.shape)} {host.dtype} does "
+                                      f"not match the KV pool's layout {want} {kv.cache.dtype}",
+                                      field="stream_source")
+        self.stream_host = host
+        self.stream_staged = self.stream_staged if staged is None else staged
+        self._staging = (_Staging(host, staging_blocks or kv.num_blocks, self.device)
+                         if self.stream_staged else None)
 
     def _context_limit(self, requested: int | None) -> int:
         limit = self.loaded.max_model_len
@@ -169,23 +193,40 @@ class InProcessExecutor(Executor):
         self.kv.copy_blocks(batch.copy_blocks)
         if not seqs:
             return torch.empty(0, self.net.vocab_size), None, 0.0, swap_s
-        if self.graphs is not None and self.graphs.accepts(batch, tables):
+        streamed = [s.host_block_table is not None for s in seqs]
+        if self.graphs is not None and not any(streamed) and self.graphs.accepts(batch, tables):
             start = time.perf_counter()
             logits = self.graphs.run(seqs, tables)
             torch.cuda.synchronize(self.device)
             self._replayed = True
             return logits, None, time.perf_counter() - start, swap_s
-        input_ids, positions, slots, meta, sample_rows = _prepare(seqs, tables, self.block_size)
+        input_ids, positions, slots, meta, sample_rows = _prepare(seqs, tables, self.block_size,
+                                                                  streamed)
         dev = self.device
+        plan = self._plan_streams(meta, slots, streamed, batch.waves) if any(streamed) else None
         ctx = AttentionContext(_meta_on(meta, dev), slots.to(dev), self.kv, self.backend,
-                               batch.waves, time_attention=dev.type == "cpu")
+                               None if plan else batch.waves, time_attention=dev.type == "cpu",
+                               stream=plan)
         start = time.perf_counter()
-        with torch.inference_mode():
-            hidden = self.net(input_ids.to(dev), positions.to(dev), ctx)
-            logits = self.net.compute_logits(hidden[sample_rows.to(dev)])
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        try:
+            with torch.inference_mode():
+                hidden = self.net(input_ids.to(dev), positions.to(dev), ctx)
+                logits = self.net.compute_logits(hidden[sample_rows.to(dev)])
+                if plan is not None:
+                    plan.finish()
+                    self.stream_bytes += plan.bytes_uploaded
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except (RuntimeError, MemoryError) as exc:
+            if plan is None or isinstance(exc, StreamError):
+                raise
+            raise StreamError(f"a streamed iteration failed: {exc}") from exc
         return logits, ctx, time.perf_counter() - start, swap_s
+
+    def _plan_streams(self, meta, slots, streamed, waves):
+        return plan_streams(self.stream_host, meta, slots, streamed, waves,
+                            staged=self.stream_staged, staging=self._staging,
+                            device=self.device, to_device=_meta_on)
 
     def attach_swap_buffer(self, name: str, buffer: torch.Tensor) -> None:
         """Register a host buffer ``[slots, num_layers, 2, block_size, Hkv, D]`` that
@@ -228,6 +269,7 @@ class InProcessExecutor(Executor):
         if sent.size and (sent.min() < 0 or sent.max() >= self.kv.num_blocks):
             for table in tables:
                 self.kv.check_block_ids(table, "block_table")
+        self._validate_streamed(batch, tables)
         self.kv.check_block_ids([b for pair in batch.copy_blocks for b in pair], "copy_blocks")
         moved = [d for d, _ in batch.swap_out] + [d for _, d in batch.swap_in]
         self.kv.check_block_ids(moved, "swap")
@@ -240,6 +282,20 @@ class InProcessExecutor(Executor):
                 self._grammars()    # refuses here, before the KV pool is touched
             if params.needs_history:
                 self._history_ids.add(request_id)
+
+    def _validate_streamed(self, batch: ExecutorInput, tables: list[list[int]]) -> None:
+        for seq, table in zip(batch.sequences, tables):
+            if seq.host_block_table is None:
+                continue
+            if self.stream_host is None:
+                raise InvalidRequestError(f"request {seq.request_id!r} is streamed from the "
+                                          "host tier but this executor has no stream source",
+                                          field="host_block_table")
+            num = self.stream_host.shape[2]
+            if not all(0 <= b < num for b in table) or len(set(table)) != len(table):
+                raise InvalidRequestError(f"request {seq.request_id!r} has host block ids "
+                                          f"outside 0..{num - 1} or repeated",
+                                          field="host_block_table")
 
     def _remember_verified(self, batch: ExecutorInput) -> None:
         """Sampling parameters objects already verified, by request: the scheduler sends the
@@ -263,7 +319,8 @@ class InProcessExecutor(Executor):
             raise InvalidRequestError(f"request {rid!r} needs {need} KV blocks for "
                                       f"{seq.context_len} tokens, its block table has "
                                       f"{len(table)}", field="block_table")
-        self.kv.check_block_ids(table, "block_table")
+        if seq.host_block_table is None:
+            self.kv.check_block_ids(table, "block_table")
         if min(seq.token_ids) < 0 or max(seq.token_ids) >= self.net.vocab_size:
             raise InvalidRequestError(f"request {rid!r} has token ids outside the vocabulary "
                                       f"0..{self.net.vocab_size - 1}", field="token_ids")
@@ -291,9 +348,11 @@ def _meta_on(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata
                              meta.block_tables.to(device), meta.max_query_len, meta.max_seq_len)
 
 
-def _prepare(seqs: list[ScheduledSequence], tables: list[list[int]], block_size: int):
+def _prepare(seqs: list[ScheduledSequence], tables: list[list[int]], block_size: int,
+             streamed: list[bool] | None = None):
     """Flat ``input_ids, positions, slot_mapping``, attention metadata and the rows whose
-    logits are needed (the last fed token of each sampling sequence), built on the host."""
+    logits are needed (the last fed token of each sampling sequence), built on the host.
+    A streamed sequence's slots are host slots (its table holds host blocks)."""
     q_lens = [s.num_tokens for s in seqs]
     meta = AttentionMetadata.build(q_lens, [s.context_len for s in seqs],
                                    tables)
@@ -302,7 +361,10 @@ def _prepare(seqs: list[ScheduledSequence], tables: list[list[int]], block_size:
     owner = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(q_lens))
     blocks = meta.block_tables[owner, positions // block_size].long()
     slots = blocks * block_size + positions % block_size
-    if torch.unique(slots).numel() != slots.numel():
+    keys = slots
+    if streamed and any(streamed):      # host and device slots are separate spaces
+        keys = slots * 2 + torch.tensor(streamed, dtype=torch.long)[owner]
+    if torch.unique(keys).numel() != keys.numel():
         raise InvalidRequestError("two fed tokens of this iteration map to the same KV slot "
                                   "(overlapping block tables)", field="block_table")
     ends = meta.query_start_loc[1:].long() - 1

@@ -31,6 +31,10 @@ class ScheduledSequence:
     # With a whole table (not a delta), for a request whose sampling reads its earlier tokens
     # (penalties, a grammar): the tokens already in the KV cache, before ``token_ids``.
     context_token_ids: list[int] = field(default_factory=list)
+    # A streamed request (FluidInfer): its KV lives in the host tier, in these host blocks
+    # (the whole table, every iteration); ``block_table`` is then empty. Its attention reads
+    # the host blocks layer by layer and only its new K/V is written back.
+    host_block_table: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:

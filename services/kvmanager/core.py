@@ -38,6 +38,7 @@ class _Swap:
     out: Future                     # the swap-out copy
     into: Future | None = None      # the swap-in copy, once started
     counted: bool = False           # the swap-out's bytes are in the stats
+    streamed: bool = False          # its host blocks grow with streamed iterations
 
 
 class InProcessKVManager(KVManager):
@@ -115,6 +116,9 @@ class InProcessKVManager(KVManager):
         swap = self._held.get(request_id)
         if swap is None:
             raise RequestNotHeldError(request_id, self._why_not_held(request_id))
+        if swap.streamed and len(blocks) < len(swap.host_blocks):
+            # Grown for a streamed iteration that did not run: the tail holds no KV.
+            swap.host_blocks = self.pool.allocator.shrink(request_id, len(blocks))
         if len(blocks) != len(swap.host_blocks):
             raise InvalidRequestError(
                 f"request {request_id!r} was swapped out from {len(swap.host_blocks)} blocks, "
@@ -123,6 +127,28 @@ class InProcessKVManager(KVManager):
                                        after=swap.out)
         self._incoming[request_id] = self._held.pop(request_id)
         return FutureHandle(swap.into)
+
+    def stream_source(self) -> torch.Tensor | None:
+        self._check_open()
+        return None if self.pool.int8 else self.pool.store.data
+
+    def stream_blocks(self, request_id: str, num_tokens: int) -> list[int]:
+        self._enter()
+        swap = self._held.get(request_id)
+        if swap is not None:
+            wait([swap.out])        # attention must read what the swap-out wrote
+            self._reap()
+            swap = self._held.get(request_id)
+        if swap is None:
+            raise RequestNotHeldError(request_id, self._why_not_held(request_id))
+        need = -(-num_tokens // self.layout.block_size)
+        if need > len(swap.host_blocks):
+            swap.host_blocks = self.pool.allocator.extend(request_id,
+                                                          need - len(swap.host_blocks))
+        elif need < len(swap.host_blocks):  # an earlier streamed iteration did not run
+            swap.host_blocks = self.pool.allocator.shrink(request_id, need)
+        swap.streamed = True
+        return list(swap.host_blocks)
 
     def free(self, request_id: str) -> None:
         """Also forgets a failed swap-out; no-op while the request's swap-in is in flight

@@ -48,6 +48,27 @@ class HostBlockAllocator:
         self._owned[owner] = blocks
         return blocks
 
+    def extend(self, owner: str, n: int) -> list[int]:
+        """Give ``owner`` ``n`` more blocks (a streamed request's KV grows in the host tier);
+        all or nothing. Returns its whole list, the new blocks last."""
+        if n > self._num_free:
+            raise HostPoolFullError(owner, n, self._num_free)
+        blocks = self._lowest_free(n)
+        self._free[blocks] = False
+        self._num_free -= n
+        self._owned[owner] = self._owned[owner] + blocks
+        return self._owned[owner]
+
+    def shrink(self, owner: str, n: int) -> list[int]:
+        """Keep only the first ``n`` (>= 1) of ``owner``'s blocks (a streamed request's growth
+        for an iteration that did not run)."""
+        blocks = self._owned[owner]
+        extra = blocks[n:]
+        self._free[extra] = True
+        self._num_free += len(extra)
+        self._owned[owner] = blocks[:n]
+        return self._owned[owner]
+
     def release(self, owner: str) -> list[int]:
         blocks = self._owned.pop(owner)
         self._free[blocks] = True

@@ -101,6 +101,20 @@ class KVManager(ABC):
         order as swapped out); the host blocks are freed once the copy is done. Raises
         RequestNotHeldError (a KeyError) when the request has no KV in the host pool."""
 
+    def stream_source(self):
+        """The host blocks as one tensor ``[num_layers, 2, num_blocks, block_size, Hkv, D]``
+        in the device's dtype, which an executor in this process may read and write layer by
+        layer (streamed attention, FluidInfer); None where it cannot (INT8 blocks, a remote
+        pool). A manager without bytes (the simulator) returns None and streams by its
+        bookkeeping alone."""
+        return None
+
+    def stream_blocks(self, request_id: str, num_tokens: int) -> list[int]:
+        """The host blocks of a held request, grown to hold ``num_tokens`` tokens, once its
+        swap-out copy has landed: its attention reads them in place of device blocks. Raises
+        RequestNotHeldError, or HostPoolFullError (nothing changed) when it cannot grow."""
+        raise NotImplementedError(f"{type(self).__name__} cannot stream KV")
+
     @abstractmethod
     def free(self, request_id: str) -> None:
         """Drop the request's host copy (finished or aborted while swapped). No-op if none."""

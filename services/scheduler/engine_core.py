@@ -17,7 +17,7 @@ from collections.abc import Callable
 from lenserve_contract.errors import InvalidRequestError
 from lenserve_contract.outputs import CompletionOutput, Logprob, RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
-from services.executor.interface import Executor, ExecutorUnavailableError
+from services.executor.interface import Executor, ExecutorUnavailableError, StreamError
 from services.executor.types import ExecutorOutput
 from services.kvmanager.interface import KVManager, SwapHandle
 from services.predictor.interface import PredictQuery
@@ -30,6 +30,7 @@ from services.scheduler.predictions import PredictionPump
 from services.scheduler.profile import StepProfile
 from services.scheduler.request import FinishReason, Request
 from services.scheduler.scheduler import Scheduler, SchedulerStats
+from services.scheduler.streams import disable_streaming, prepare_streams, setup_streaming
 
 logger = logging.getLogger(__name__)
 _INT_TYPE = frozenset({int})
@@ -87,6 +88,7 @@ class EngineCore:
         # An ``ExecutionTimeModel`` fed every executed iteration, for a replica's load report
         # (a router places by it); None: only a policy that owns one fits it.
         self.time_model = time_model
+        setup_streaming(self.scheduler.state, executor, kv_manager)
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None,
@@ -191,9 +193,18 @@ class EngineCore:
             return self._finish_swaps()
         t1 = time.perf_counter()
         failed = self._start_swaps(out)
+        hosts = (prepare_streams(scheduler.state, self.kv_manager, out) if out.streamed
+                 else None)
         t2 = time.perf_counter()
         try:
-            result = self._execute(out) if out.scheduled else ExecutorOutput(out.iteration, {})
+            result = (self._execute(out, hosts) if out.scheduled
+                      else ExecutorOutput(out.iteration, {}))
+        except StreamError as exc:
+            # Nothing advanced: the iteration is run again without streaming next step.
+            disable_streaming(scheduler.state, str(exc))
+            scheduler.resend_block_tables()
+            scheduler.state.settle_streams()
+            return failed + self._finish_swaps()
         except Exception as exc:
             if isinstance(exc, ExecutorUnavailableError):
                 logger.error("iteration %d failed: %s", out.iteration, exc)
@@ -203,7 +214,9 @@ class EngineCore:
             # The KV pool may be gone with the executor: serve nothing from it again.
             self.scheduler.block_manager.reset_prefix_cache()
             failed += self._finish_swaps()
-            return failed + self._fail_batch(out, exc)
+            failed += self._fail_batch(out, exc)
+            scheduler.state.settle_streams()
+            return failed
         t3 = time.perf_counter()
         failed += self._finish_swaps()
         updated = scheduler.update_from_output(out, result, self.clock())
@@ -211,6 +224,7 @@ class EngineCore:
             self._record_logprobs(result)
         if self.time_model is not None:     # after the update, as a policy's own model sees it
             self.time_model.observe_iteration(out, result)
+        scheduler.state.settle_streams()
         if self.finished_outputs_only:
             updated = scheduler.finished_in_update
         outputs = failed + [self._make_output(r) for r in updated]
@@ -229,10 +243,11 @@ class EngineCore:
             if stream is not None and len(stream.logprobs) < stream.request.num_output_tokens:
                 stream.logprobs.append(Logprob(result.sampled[rid], result.logprobs[rid], top))
 
-    def _execute(self, out: SchedulerOutput) -> ExecutorOutput:
+    def _execute(self, out: SchedulerOutput, hosts: dict[str, list[int]] | None = None
+                 ) -> ExecutorOutput:
         if self._execute_scheduled is not None:
             return self._execute_scheduled(out.iteration, out.scheduled)
-        return self.executor.execute(self.scheduler.make_executor_input(out))
+        return self.executor.execute(self.scheduler.make_executor_input(out, hosts))
 
     def _apply_predictions(self) -> None:
         if self.predictions is None:

@@ -33,6 +33,9 @@ class SchedulerOutput:
     swap_refusals: list[tuple[str, str]] = field(default_factory=list)   # (request id, why)
     # FluidInfer: attention runs wave by wave, each a list of indices into ``scheduled``.
     waves: list[list[int]] | None = None
+    # FluidInfer: ids of the scheduled requests whose KV stays in the host tier (status
+    # SWAPPED) and streams through attention layer by layer.
+    streamed: set[str] = field(default_factory=set)
 
     def add(self, request: Request, num_new_tokens: int) -> None:
         self.scheduled.append((request, num_new_tokens))

@@ -149,8 +149,11 @@ class Scheduler:
         if self._sent.pop(request_id, None) is not None:
             self._forget.append(request_id)
 
-    def make_executor_input(self, output: SchedulerOutput) -> ExecutorInput:
+    def make_executor_input(self, output: SchedulerOutput,
+                            host_tables: dict[str, list[int]] | None = None) -> ExecutorInput:
+        """``host_tables``: the host blocks of each streamed request (``output.streamed``)."""
         bm, sent_tables = self.state.block_manager, self._sent
+        streamed = output.streamed
         table_of, epoch_of = bm.block_table, bm.epoch
         seqs = []
         # One pass with everything in locals: this runs for every request on every iteration.
@@ -158,6 +161,12 @@ class Scheduler:
             rid, tokens = req.request_id, req.token_ids
             start = req.num_computed_tokens
             end = start + n
+            if streamed and rid in streamed:
+                seqs.append(ScheduledSequence(rid, tokens[start:end], start, [],
+                                              end == len(tokens), req.sampling_params,
+                                              len(tokens) - req.num_prompt_tokens,
+                                              host_block_table=list(host_tables[rid])))
+                continue
             table, epoch = table_of(rid), epoch_of(rid)
             sent = sent_tables.get(rid)
             # Only blocks appended since the last call travel, unless the table was rewritten.
@@ -190,8 +199,10 @@ class Scheduler:
         bm = self.state.block_manager
         # Blocks that just filled with computed tokens join the prefix cache.
         cache, bs = (bm.cache_computed, bm.block_size) if bm.prefix is not None else (None, 1)
+        streamed = output.streamed
         for req, n in output.scheduled:
-            if req.status is not running:
+            if req.status is not running and not (streamed and req.request_id in streamed
+                                                  and not req.is_finished):
                 continue    # aborted while the iteration ran
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed

@@ -44,6 +44,16 @@ class SchedulerState:
         # KV manager frees them only once the copy is done.
         self.num_pending_host_blocks = 0
         self.swap_refusals = 0
+        # Streaming (FluidInfer): whether the executor and the KV manager can run a request
+        # whose KV stays in the host tier (set by the serving core), else why not; and the host
+        # blocks reserved this iteration for streamed requests' new KV, by request:
+        # (request, computed tokens when reserved, blocks), settled after the iteration.
+        self.can_stream = False
+        self.stream_off_reason = "no host KV tier"
+        self.stream_growth: dict[str, tuple[Request, int, int]] = {}
+        # Device blocks per second the host link uploads where copies overlap compute (0: no
+        # bound, e.g. a CPU executor reading the host tier in place).
+        self.stream_blocks_per_s = 0.0
         self.counts: Counter[RequestStatus] = Counter()
         self.now = 0.0
         self.iteration = 0
@@ -173,6 +183,30 @@ class SchedulerState:
         output.swap_sequence.append((False, rid, table))
         return True
 
+    def stream(self, request: Request, num_tokens: int, output: SchedulerOutput) -> bool:
+        """Schedule ``num_tokens`` of a swapped request whose KV stays in the host tier,
+        reserving the host blocks its new KV needs. False (nothing changed) if they do not fit."""
+        assert request.status is RequestStatus.SWAPPED and self.can_stream, request
+        blocks_for, computed = self.config.blocks_for, request.num_computed_tokens
+        grow = blocks_for(computed + num_tokens) - blocks_for(computed)
+        if grow > self.num_free_host_blocks:
+            return False
+        self.num_free_host_blocks -= grow
+        if grow:
+            self.stream_growth[request.request_id] = (request, computed, grow)
+        output.add(request, num_tokens)
+        output.streamed.add(request.request_id)
+        return True
+
+    def settle_streams(self) -> None:
+        """After the iteration: a streamed request that advanced holds its new host blocks
+        (counted from its computed tokens from now on); one that did not (a failed or dropped
+        iteration) gives them back."""
+        for request, computed, grow in self.stream_growth.values():
+            if request.num_computed_tokens == computed:
+                self.num_free_host_blocks += grow
+        self.stream_growth.clear()
+
     def release_swapped(self) -> None:
         """The iteration's copies are done: swap-outs' device blocks and swap-ins' host blocks
         may be handed out again."""
@@ -215,6 +249,7 @@ class SchedulerState:
         held = sum(self.config.blocks_for(r.num_computed_tokens) for r in self.requests.values()
                    if r.status is RequestStatus.SWAPPED)
         free, pending = self.num_free_host_blocks, self.num_pending_host_blocks
+        pending += sum(grow for _, _, grow in self.stream_growth.values())
         assert held + free + pending == self.num_host_blocks, (
             f"host blocks: {held} held + {free} free + {pending} pending != {self.num_host_blocks}")
         live = Counter(r.status for r in self.requests.values())

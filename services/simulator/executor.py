@@ -44,6 +44,40 @@ class SimExecutor(Executor):
         self.token = 1000 if shape.eos_token_id != 1000 else 1001
         self.busy_s = 0.0
         self.num_calls = 0
+        # Streamed waves (FluidInfer): the host link their per-layer uploads cross, set when
+        # the engine connects a simulated host tier (``attach_stream_source``); the copy
+        # seconds charged, the part hidden behind compute and the stalls.
+        self.stream_link = None
+        self.stream_copy_s = self.stream_hidden_s = self.stream_stall_s = 0.0
+
+    def attach_stream_source(self, source) -> None:
+        """Streamed requests (status SWAPPED in a batch) are charged their per-layer upload
+        over ``self.stream_link`` (see ``stream_s``)."""
+
+    def stream_s(self, scheduled, compute_s: float) -> float:
+        """Stall seconds of the batch's streamed waves. Per layer, the streamed requests' KV
+        of that layer crosses the host link (one copy per request) while the layer computes;
+        where the copy outlasts the layer's share of the iteration, the layer waits for it.
+        A link that does not overlap compute (a CPU executor) copies nothing: attention reads
+        the host tier in place, and its reads are already in the cost model's context term."""
+        link = self.stream_link
+        if link is None or not link.overlaps_compute:
+            return 0.0
+        streamed = [(r, q) for r, q in scheduled if r.status.value == "swapped"]
+        if not streamed:
+            return 0.0
+        layers = self.shape.num_layers
+        per_token = self.shape.kv_bytes_per_token() / layers
+        upload = sum(link.seconds(int(r.num_computed_tokens * per_token), out=False)
+                     for r, _ in streamed)
+        written = sum(q for _, q in streamed) * per_token
+        copy = max(upload, link.seconds(int(written), out=True))
+        layer = compute_s / layers
+        self.stream_copy_s += copy * layers
+        self.stream_hidden_s += min(copy, layer) * layers
+        stall = max(0.0, copy - layer) * layers
+        self.stream_stall_s += stall
+        return stall
 
     def model_info(self) -> ModelInfo:
         s = self.shape
@@ -67,11 +101,13 @@ class SimExecutor(Executor):
         ``ExecutorInput`` (token ids and block tables a cost model never reads). Reads the
         requests, never changes them."""
         features, sampled_ids = from_scheduled(scheduled) if scheduled else (None, [])
-        return self._run(iteration, features, sampled_ids, len(scheduled))
+        return self._run(iteration, features, sampled_ids, len(scheduled), scheduled)
 
     def _run(self, iteration: int, features: IterationFeatures | None,
-             sampled_ids: list[str], num_seqs: int = 0) -> ExecutorOutput:
+             sampled_ids: list[str], num_seqs: int = 0, scheduled=()) -> ExecutorOutput:
         seconds = self.cost.iteration_s(features) if features is not None else 0.0
+        stall = self.stream_s(scheduled, seconds) if self.stream_link and scheduled else 0.0
+        seconds += stall
         if self.scheduler is not None and num_seqs:
             cpu = self.scheduler.seconds(num_seqs)
             self.scheduler_s += cpu
@@ -80,7 +116,8 @@ class SimExecutor(Executor):
         self.busy_s += seconds
         self.num_calls += 1
         return ExecutorOutput(iteration, dict.fromkeys(sampled_ids, self.token),
-                              timings=IterationTimings(forward_s=seconds, total_s=seconds))
+                              timings=IterationTimings(forward_s=seconds, total_s=seconds,
+                                                        swap_s=stall))
 
     def export_blocks(self, block_ids: list[int]) -> torch.Tensor:
         raise NotImplementedError("the simulator models no host KV tier (use --swap-space 0)")

@@ -85,7 +85,9 @@ class SimKVManager(KVManager):
         self._link = {True: 0, False: 0}           # bytes put on the link per direction
         self._num_blocks = config.swap_space_bytes // self.block_bytes
         self.num_gpu_blocks = info.num_gpu_blocks
+        self.block_size = info.block_size
         self._owned: dict[str, int] = {}            # request -> host blocks
+        self._streamed: set[str] = set()            # held requests that have streamed
         self._out_end: dict[str, float] = {}        # held: when its swap-out copy ends
         self._in_end: dict[str, float] = {}         # incoming: when its swap-in copy ends
         self._lane = {True: 0.0, False: 0.0}        # each direction's copies end by then
@@ -133,16 +135,44 @@ class SimKVManager(KVManager):
             why = ("its swap-in is already in flight" if request_id in self._in_end
                    else "it was never swapped out, or was swapped in or freed since")
             raise RequestNotHeldError(request_id, why)
+        if request_id in self._streamed and n < self._owned[request_id]:
+            self._owned[request_id] = n     # grown for a streamed iteration that did not run
         if n != self._owned[request_id]:
             raise ValueError(f"request {request_id!r} was swapped out from "
                              f"{self._owned[request_id]} blocks, cannot swap in to {n}")
+        self._streamed.discard(request_id)
         end = self._copy(n, out=False, after=self._out_end.pop(request_id))
         self._in_end[request_id] = end
         self._bytes_in += n * self.device_block_bytes
         return _VirtualHandle(self.clock, end)
 
+    @property
+    def stream_link_bytes_per_s(self) -> float:
+        return self.link.in_bytes_per_s if self.link.overlaps_compute else 0.0
+
+    def stream_source(self):
+        """No bytes to expose: streaming is bookkeeping here, its copies the executor's cost."""
+        return "simulated"
+
+    def stream_blocks(self, request_id: str, num_tokens: int) -> list[int]:
+        """Bookkeeping only: waits for the request's swap-out and grows its host blocks; the
+        per-layer stream of its KV is charged by the executor's cost (``stream_s``)."""
+        self._reap()
+        if request_id not in self._out_end:
+            raise RequestNotHeldError(request_id, "it is not held in the host tier")
+        self.clock.advance_to(self._out_end[request_id])
+        need = -(-num_tokens // self.block_size)
+        more = need - self._owned[request_id]
+        free = self._num_blocks - sum(self._owned.values())
+        if more > free:
+            raise HostPoolFullError(request_id, more, free)
+        self._owned[request_id] = need
+        self._streamed.add(request_id)
+        return list(range(self._owned[request_id]))
+
     def free(self, request_id: str) -> None:
         self._reap()
+        self._streamed.discard(request_id)
         if request_id in self._out_end:
             del self._out_end[request_id]
             del self._owned[request_id]

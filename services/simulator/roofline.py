@@ -38,6 +38,17 @@ class Hardware:
 HARDWARE: dict[str, Hardware] = {
     "a100-80g": Hardware("NVIDIA A100-SXM4-80GB", 80 * GIB, 312e12, 2.039e12,
                          host_link_bandwidth=32e9),      # PCIe 4.0 x16
+    # FluidInfer's settings (report §6.1). RTX 4090: 165 TFLOP/s dense fp16 with fp32
+    # accumulation, 1,008 GB/s, PCIe 4.0 x16 (datasheet). Four GPUs are modelled as one device
+    # with four times the memory, compute, bandwidth and host links (tensor parallelism, each
+    # GPU on its own x16 link); the all-reduces are folded into a larger per-iteration
+    # overhead (ESTIMATE).
+    "rtx4090": Hardware("NVIDIA GeForce RTX 4090", 24 * GIB, 165e12, 1.008e12,
+                        host_link_bandwidth=32e9),
+    "4x-rtx4090": Hardware("4x NVIDIA GeForce RTX 4090 (tensor parallel)", 96 * GIB, 4 * 165e12,
+                           4 * 1.008e12, overhead_s=0.006, host_link_bandwidth=4 * 32e9),
+    "4x-a100-40g": Hardware("4x NVIDIA A100-SXM4-40GB (tensor parallel)", 160 * GIB, 4 * 312e12,
+                            4 * 1.555e12, overhead_s=0.006, host_link_bandwidth=4 * 32e9),
     "h100": Hardware("NVIDIA H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12,
                      host_link_bandwidth=64e9),          # PCIe 5.0 x16
     # ALISE's setting (paper 001, Sec. 4.1): Tesla V100 32 GB (125 TFLOP/s fp16 tensor core,

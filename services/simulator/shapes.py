@@ -73,6 +73,9 @@ def _opt(name: str, layers: int, hidden: int, heads: int) -> ModelShape:
 MODEL_SHAPES: dict[str, ModelShape] = {
     "llama-2-7b": _llama("llama-2-7b", 32, 4096, 32, 11008),
     "llama-2-13b": _llama("llama-2-13b", 40, 5120, 40, 13824),
+    # FluidInfer's models (report §6.1) include OPT-125M and OPT-1.3B.
+    "opt-125m": _opt("opt-125m", 12, 768, 12),
+    "opt-1.3b": _opt("opt-1.3b", 24, 2048, 32),
     "opt-2.7b": _opt("opt-2.7b", 32, 2560, 32),
     "opt-6.7b": _opt("opt-6.7b", 32, 4096, 32),
     "opt-13b": _opt("opt-13b", 40, 5120, 40),

@@ -239,6 +239,30 @@ def test_the_commit_is_dirty_for_changed_code_not_for_the_results_written(tmp_pa
     assert stamp.commit(tmp_path).endswith("-dirty")
 
 
+def test_fluidinfer_quick_simulates_every_setting_and_publishes_one_section(tmp_path):
+    from benchmarks import fluidinfer
+
+    data = tiny_sharegpt(tmp_path / "tiny.jsonl.gz")
+    argv = ["--quick", "--no-real", "--dataset-path", str(data), "--docs",
+            str(tmp_path / "docs"), "--raw", str(tmp_path / "raw")]
+    assert fluidinfer.main(argv) == 0
+    out = output.Outputs(docs=tmp_path / "docs", raw=tmp_path / "raw")
+    record = json.loads(out.file("fluidinfer", "json").read_text())
+    assert len(record["simulated"]) == len(fluidinfer.SETTINGS)
+    assert all({r["policy"] for r in runs} == set(fluidinfer.POLICIES)
+               for runs in record["simulated"].values())
+    assert section_count(out.page.read_text(), "fluidinfer") == 1
+    assert page.orphan_sections(out.page, out.results) == []
+
+
+def test_fluidinfer_real_table_gives_the_min_max_ratio():
+    from benchmarks import fluidinfer
+
+    def run(v, f):
+        return [{"policy": "vllm", "summary": {"output_throughput": v}},
+                {"policy": "fluidinfer", "summary": {"output_throughput": f}}]
+    lines, ratios = fluidinfer.real_table([run(10.0, 15.0), run(20.0, 36.0)])
+    assert ratios == [1.5, 1.8] and "| 2 | 20.0 | 36.0 | 1.80 |" in lines
 def test_model_families_quick_writes_the_identity_table(tmp_path):
     from benchmarks import model_families
     argv = ["--quick", "--docs", str(tmp_path / "docs"), "--raw", str(tmp_path / "raw")]

@@ -23,9 +23,10 @@ def full_input() -> ExecutorInput:
                             truncate_prompt_tokens=7, cap_max_tokens=True, detokenize=True)
     seqs = [ScheduledSequence("a", [1, 2, 3], 0, [4, 5], False, params, 0, False),
             ScheduledSequence("b", [9], 17, [8], True, SamplingParams(detokenize=False), 3,
-                              True, [4, 5])]
+                              True, [4, 5]),
+            ScheduledSequence("c", [7], 20, [], True, params, 2, host_block_table=[11, 3])]
     return ExecutorInput(iteration=41, sequences=seqs, copy_blocks=[(1, 2), (3, 4)],
-                         finished_request_ids=["gone", "also-gone"], waves=[[1], [0]],
+                         finished_request_ids=["gone", "also-gone"], waves=[[1], [0], [2]],
                          swap_out=[(5, 0), (6, 1)], swap_in=[(2, 9)], swap_buffer="shm-x")
 
 

@@ -34,6 +34,9 @@ class AttentionContext:
     time_attention: bool = False        # wall-clock timing is only honest without async devices
     attention_s: float = 0.0
     wave_attention_s: list[float] = field(default_factory=list)   # summed over layers
+    # Streamed waves (``services/executor/streaming.StreamPlan``): some sequences' KV lives in
+    # the host tier; the plan writes and attends resident and streamed waves per layer.
+    stream: object | None = None
     _wave_meta: list[tuple[AttentionMetadata, torch.Tensor]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -54,8 +57,11 @@ def paged_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     """Write this iteration's K/V into the pool, then attend over each request's cached KV
     (``window``, ``softcap``: the layer's sliding window and score cap, 0 for none)."""
     start = time.perf_counter() if ctx.time_attention else 0.0
-    ctx.kv_cache.write(layer, k, v, ctx.slot_mapping)
-    out = attend(layer, q, ctx, scale, window, softcap)
+    if ctx.stream is not None:
+        out = ctx.stream.attention(layer, q, k, v, ctx, scale, window, softcap)
+    else:
+        ctx.kv_cache.write(layer, k, v, ctx.slot_mapping)
+        out = attend(layer, q, ctx, scale, window, softcap)
     if ctx.time_attention:
         ctx.attention_s += time.perf_counter() - start
     return out

@@ -111,5 +111,6 @@ class AliseFluidPolicy(FluidInferPolicy):
             self.waiting.rerank(request)
 
     def update(self, output, updated, result=None) -> None:
+        super().update(output, updated, result)
         self.model.observe_iteration(output, result)
         self.lengths.observe_finished(updated)

@@ -5,8 +5,40 @@ iteration is bounded by the token budget only, never by ``max_num_seqs``. Attent
 part that needs KV on the device, runs in waves (``SchedulerOutput.waves``) packed greedily by
 ``waves.pack_waves`` under a per-wave KV bound, long prefills beside short decodes.
 
-With a host KV tier (``state.num_host_blocks > 0``) the resident set cycles like the report's
-swap pipeline: a wave's worth of the longest-resident decodes is offloaded while swapped
+Streamed waves (``stream=auto``, the default wherever the engine can: an in-process executor
+and a full-precision host tier; ``state.can_stream``). A swapped request is not swapped back
+in to run: it joins the iteration with its KV left in the host tier (``state.stream``), and
+the executor attends over it layer by layer (``services/executor/streaming.py``). What was
+chosen, and why:
+
+* The iteration's set is sized by the token budget (``max_num_batched_tokens``) and, where
+  copies run beside the compute (a GPU), by the host link: at most the blocks the link
+  uploads within an iteration's compute (link bandwidth from the KV manager times a moving
+  average of measured compute seconds), because a wave whose upload outlasts its layer
+  stalls the pass (measured in the simulator: streaming every swapped request made the run
+  0.29x vllm's throughput, OPT-1.3B on an RTX 4090 over PCIe 4.0). The token budget is the
+  configured one, not derived from a profile's GEMM saturation point. On a CPU attention reads
+  the host tier in place, so only the token budget bounds the set.
+* The resident set is the device pool: new requests prefill there; when the head of the
+  queue does not fit, the oldest decoding residents are offloaded (``max_swaps_per_step``)
+  and go on streamed (Fig. 8). Streamed requests take turns round robin when the link bound
+  leaves some out; while any swapped request could not run, nobody new is admitted.
+* Staging is device KV: a streamed wave is bounded by ``stream_kv_blocks`` blocks (default
+  the pool's block count, of which one layer is staged at a time, i.e. ``1/num_layers`` of
+  that KV; unbounded where attention reads the host tier in place).
+* Wave order: resident waves first (their KV is already there; the first streamed wave's
+  upload runs beside them), then streamed waves packed by ``pack_waves`` (§4.2: the costliest
+  item opens a wave, bubbles of types A and B are filled with the costliest items that fit).
+  Waves run one after another on one stream: running a long prefill wave's attention
+  concurrently with decode waves on separate CUDA streams is not built (no GPU to measure it;
+  on a CPU the backend's kernels already use every core).
+
+Any failure to stream (a request whose host blocks cannot grow, a failed copy, a wave larger
+than the executor's staging area) turns streaming off with a logged reason
+(``services/scheduler/streams.py``); the policy then cycles the resident set as below.
+
+Without streaming, with a host KV tier (``state.num_host_blocks > 0``) the resident set
+cycles like the report's swap pipeline: a wave's worth of the longest-resident decodes is offloaded while swapped
 requests are uploaded as blocks free (a swap-out's blocks come back after its copy, so an
 offload this iteration makes room for an upload the next). Where the KV manager's copies
 run beside the compute (``state.copies_overlap``), the wave bound is then half the device
@@ -76,6 +108,17 @@ class FluidInferConfig(PolicyConfig):
     # budget allows, so that a small device pool spends most iterations with half its
     # requests in transit; see the module docstring for the measured trade-off.
     min_resident_steps: int = 8
+    # Streamed waves (the report's Fig. 7b-8): "auto" runs swapped requests in the iteration
+    # with their KV streamed from the host tier wherever the engine can (an in-process
+    # executor and full-precision host pool); "false" keeps the resident set cycling above.
+    stream: str = "auto"
+    # Blocks of one streamed attention wave (one layer of them is staged on the device at a
+    # time); 0: the device pool's block count, or unbounded where attention reads the host
+    # tier in place (a CPU executor, whose copies do not run beside the compute).
+    stream_kv_blocks: int = 0
+    # Stream only the KV the host link uploads within an iteration's compute (where copies
+    # overlap it); false streams every swapped request the token budget allows.
+    stream_link_bound: bool = True
 
 
 class FluidInferPolicy(FcfsPolicy):
@@ -88,6 +131,9 @@ class FluidInferPolicy(FcfsPolicy):
         if o.wave_kv_blocks < 0 or o.max_swaps_per_step < 0 or o.min_resident_steps < 1:
             raise ValueError("fluidinfer: wave_kv_blocks and max_swaps_per_step must be >= 0, "
                              "min_resident_steps >= 1")
+        if str(o.stream).lower() not in ("auto", "false") or o.stream_kv_blocks < 0:
+            raise ValueError(f"fluidinfer: stream must be auto or false and stream_kv_blocks "
+                             f">= 0, got {o.stream!r} and {o.stream_kv_blocks}")
         if str(o.upload_ahead).lower() not in _AHEAD:
             raise ValueError(f"fluidinfer: upload_ahead must be one of {', '.join(_AHEAD)}, "
                              f"got {o.upload_ahead!r}")
@@ -102,6 +148,8 @@ class FluidInferPolicy(FcfsPolicy):
         self.fresh: set[str] = set()
         # Iterations run since admission or the last upload, per resident request.
         self.steps_run: dict[str, int] = {}
+        self._stuck = False     # a swapped request could neither stream nor come back
+        self._compute_s = 0.0   # moving average of an iteration's compute (stalls excluded)
 
     def remove_request(self, request: Request) -> None:
         if request.status is RequestStatus.SWAPPED:
@@ -115,6 +163,8 @@ class FluidInferPolicy(FcfsPolicy):
 
     def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
         output = state.new_output()
+        if self._streaming(state):
+            return self._schedule_streaming(state, output, budget.max_num_batched_tokens)
         if state.num_host_blocks and self.swapped:
             self._cycle(state, output)
         tokens = self._schedule_running(state, output, budget.max_num_batched_tokens)
@@ -122,6 +172,119 @@ class FluidInferPolicy(FcfsPolicy):
             tokens = self._admit(state, output, tokens)
         output.waves = self._waves(state, output)
         return output
+
+    # -- streamed waves ------------------------------------------------------------------
+    def _streaming(self, state: SchedulerState) -> bool:
+        return (state.can_stream and bool(state.num_host_blocks)
+                and str(self.options.stream).lower() == "auto")
+
+    def _schedule_streaming(self, state: SchedulerState, output: SchedulerOutput,
+                            tokens: int) -> SchedulerOutput:
+        """Residents first (their KV is on the device), then every swapped request the
+        token budget and the host tier allow, streamed; then new requests into the device
+        pool, which offloads decoding residents to the host to make room (Fig. 8)."""
+        if not self._stuck:
+            self._offload_for_admission(state, output)
+        tokens = self._schedule_running(state, output, tokens)
+        tokens = self._stream(state, output, tokens)
+        # A swapped request that could neither stream (the host tier is full) nor come back
+        # goes before anyone new, as swapped requests do without streaming.
+        if not output.preempted and not self._stuck:
+            self.admit_fcfs(state, output, tokens, max_num_seqs=sys.maxsize)
+        output.waves = self._stream_waves(state, output)
+        return output
+
+    def _stream_bound(self, state: SchedulerState) -> int:
+        if self.options.stream_kv_blocks:
+            return self.options.stream_kv_blocks
+        return self.config.num_gpu_blocks if state.copies_overlap else sys.maxsize
+
+    def _offload_for_admission(self, state: SchedulerState, output: SchedulerOutput) -> None:
+        """When the head of the queue does not fit, send the oldest decoding residents to the
+        host tier (at most ``max_swaps_per_step``); they go on streamed, and their blocks
+        take the new request's prefill from the next iteration."""
+        if not self.waiting:
+            return
+        bm, blocks_for = state.block_manager, self.config.blocks_for
+        head = self.waiting[0]
+        need = blocks_for(min(head.num_tokens + 1, self.config.max_model_len))
+        free = bm.num_free_blocks
+        decoding = [r for r in state.running.values()
+                    if r.num_computed_tokens >= r.num_prompt_tokens]
+        for req in decoding[:self.options.max_swaps_per_step]:
+            if free >= need or not state.swap_out(req, output):
+                return
+            free += blocks_for(req.num_computed_tokens)     # free after the copy
+            self.swapped.append(req)
+            self.steps_run.pop(req.request_id, None)
+
+    def _stream(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
+        bound, blocks_for = self._stream_bound(state), self.config.blocks_for
+        link = self._link_blocks(state)
+        self._stuck = False
+        for req in list(self.swapped):
+            if tokens <= 0:
+                break
+            n = min(req.num_tokens - req.num_computed_tokens, tokens)
+            need = blocks_for(req.num_computed_tokens)
+            if (blocks_for(req.num_computed_tokens + n) <= bound and need <= link
+                    and state.stream(req, n, output)):
+                tokens, link = tokens - n, link - need
+                self.swapped.remove(req)        # round robin: streamed go to the back
+                self.swapped.append(req)
+                continue
+            # Too large for one streamed wave, or its KV cannot grow in a full host tier:
+            # back onto the device when it fits, else it waits and nobody new starts.
+            if self._fits_with_headroom(state, req) and state.swap_in(req, output):
+                self.swapped.remove(req)
+                self.fresh.add(req.request_id)
+            else:
+                self._stuck = True
+        return tokens
+
+    def _link_blocks(self, state: SchedulerState) -> float:
+        """Blocks the host link uploads within one iteration's compute (Fig. 8: copies hide
+        behind compute only up to there), where copies overlap it; else no bound."""
+        if not (state.copies_overlap and state.stream_blocks_per_s
+                and self.options.stream_link_bound):
+            return float("inf")
+        # Until an iteration was timed, one pool's worth: the first streamed iteration's
+        # timing then sizes the next.
+        if not self._compute_s:
+            return float(self.config.num_gpu_blocks)
+        return state.stream_blocks_per_s * self._compute_s
+
+    def update(self, output, updated, result=None) -> None:
+        t = result.timings if result is not None else None
+        if t is not None and t.forward_s > 0:
+            compute = max(t.forward_s - t.swap_s, 0.0)
+            self._compute_s = compute if not self._compute_s else (
+                0.8 * self._compute_s + 0.2 * compute)
+
+    def _stream_waves(self, state: SchedulerState, output: SchedulerOutput):
+        """Resident waves as without streaming, then the streamed requests packed greedily
+        (``pack_waves``, §4.2) under the streamed-wave bound."""
+        if not output.streamed:
+            return self._waves(state, output)
+        streamed = output.streamed
+        res = [i for i, (r, _) in enumerate(output.scheduled) if r.request_id not in streamed]
+        out = [i for i, (r, _) in enumerate(output.scheduled) if r.request_id in streamed]
+        waves = [[res[j] for j in w] for w in self._pack(state, output, res,
+                                                         self._wave_kv_blocks(state))]
+        blocks_for = self.config.blocks_for
+        costs = [attention_cost(output.scheduled[i][0].num_computed_tokens,
+                                output.scheduled[i][1]) for i in out]
+        blocks = [blocks_for(output.scheduled[i][0].num_computed_tokens
+                             + output.scheduled[i][1]) for i in out]
+        bound = min(self._stream_bound(state), sum(blocks))
+        return waves + [[out[j] for j in w] for w in pack_waves(costs, blocks, bound)]
+
+    def _pack(self, state, output, idx, bound):
+        bm = state.block_manager
+        costs = [attention_cost(output.scheduled[i][0].num_computed_tokens,
+                                output.scheduled[i][1]) for i in idx]
+        return pack_waves(costs, [bm.num_blocks_of(output.scheduled[i][0].request_id)
+                                  for i in idx], bound) if idx else []
 
     def _wave_kv_blocks(self, state: SchedulerState) -> int:
         if self.options.wave_kv_blocks:
