@@ -22,7 +22,7 @@ if __package__ in (None, ""):       # run as a script: the repository root holds
 from benchmarks import figures, output, runs, stamp, tables
 
 NAME = "policies_simulated"
-UNPREDICTED = ("vllm", "orca", "static", "sarathi", "fastserve", "fluidinfer", "oracle")
+UNPREDICTED = ("vllm", "vllm-v0", "orca", "static", "sarathi", "fastserve", "fluidinfer", "oracle")
 PREDICTED = ("ssjf", "ltr", "alise", "alise-lb", "alise-fluid", "econoserve")
 EMBEDDED = "alise (embedded)"
 FULL = {"num_prompts": 1000, "rates": [4, 6, 8, 10, 12, 16], "embedded": True}
