@@ -116,7 +116,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "family", "vocab_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "max_model_len", "block_size", "num_gpu_blocks", "bytes_per_block", "eos_token_id", "dtype", "attention_backend")
+    __slots__ = ("name", "family", "vocab_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "max_model_len", "block_size", "num_gpu_blocks", "bytes_per_block", "eos_token_id", "dtype", "attention_backend", "eos_token_ids")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +131,7 @@ class ModelInfo(_message.Message):
     EOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     family: str
     vocab_size: int
@@ -145,7 +146,8 @@ class ModelInfo(_message.Message):
     eos_token_id: int
     dtype: str
     attention_backend: str
-    def __init__(self, name: _Optional[str] = ..., family: _Optional[str] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., bytes_per_block: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., dtype: _Optional[str] = ..., attention_backend: _Optional[str] = ...) -> None: ...
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., family: _Optional[str] = ..., vocab_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., bytes_per_block: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., dtype: _Optional[str] = ..., attention_backend: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BlockDataRequest(_message.Message):
     __slots__ = ("block_ids", "shm_name", "int8", "num_tokens")

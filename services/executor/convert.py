@@ -89,14 +89,11 @@ def _pairs(moves) -> list[tuple[int, int]]:
 
 
 def model_info_to_proto(info: ModelInfo) -> pb.ModelInfo:
-    # The contract carries one EOS id: a remote scheduler stops on the first only.
-    fields = dataclasses.asdict(info)
-    fields.pop("eos_token_ids")
-    return pb.ModelInfo(**fields)
+    return pb.ModelInfo(**dataclasses.asdict(info))
 
 
 def model_info_from_proto(msg: pb.ModelInfo) -> ModelInfo:
-    fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(ModelInfo)
-              if f.name != "eos_token_ids"}
+    fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(ModelInfo)}
     fields["eos_token_id"] = msg.eos_token_id if msg.HasField("eos_token_id") else None
+    fields["eos_token_ids"] = tuple(msg.eos_token_ids)
     return ModelInfo(**fields)

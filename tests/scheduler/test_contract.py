@@ -80,3 +80,16 @@ def test_the_proto_bytes_parse_back():
     data = convert.input_to_proto(full_input()).SerializeToString()
     msg = executor_pb2.ExecuteRequest.FromString(data)
     assert convert.input_from_proto(msg) == full_input()
+
+
+def test_model_info_carries_every_eos_id():
+    from services.executor.convert import model_info_from_proto, model_info_to_proto
+    from services.executor.types import ModelInfo
+    info = ModelInfo(name="m", family="llama", vocab_size=300, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=8, max_model_len=64, block_size=4,
+                     num_gpu_blocks=16, bytes_per_block=1024, eos_token_id=128001,
+                     dtype="bfloat16", attention_backend="torch",
+                     eos_token_ids=(128001, 128008, 128009))
+    assert model_info_from_proto(model_info_to_proto(info)) == info
+    single = dataclasses.replace(info, eos_token_id=None, eos_token_ids=())
+    assert model_info_from_proto(model_info_to_proto(single)) == single
