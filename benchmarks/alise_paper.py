@@ -20,7 +20,7 @@ from pathlib import Path
 if __package__ in (None, ""):       # run as a script: the repository root holds benchmarks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import output, runs, stamp, tables
+from benchmarks import figures, output, runs, stamp, tables
 
 NAME = "alise_paper"
 DATA = runs.SHAREGPT.parent
@@ -216,9 +216,7 @@ def plot(path: Path, found: list[dict]) -> None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6)
     axes[0].set_ylabel("normalized latency (s/token)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    figures.save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):       # run as a script: the repository root holds benchmarks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import output, runs, stamp, tables
+from benchmarks import figures, output, runs, stamp, tables
 
 NAME = "econoserve_paper"
 POLICIES = ("vllm-v0", "vllm", "sarathi", "econoserve", "oracle")
@@ -202,9 +202,7 @@ def plot(path: Path, found: dict) -> None:
         ax.set_ylabel("normalized latency (s/token)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    figures.save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 if __package__ in (None, ""):       # run as a script: the repository root holds benchmarks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import output, runs, stamp, tables
+from benchmarks import figures, output, runs, stamp, tables
 
 NAME = "executor_cpu"
 FULL = {"batch_sizes": "1,8,32,128", "repeats": 3}
@@ -72,9 +72,7 @@ def plot(path: Path, result: dict) -> None:
     ax.set_title(f"{result['model']} executor iteration on this CPU (measured)", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    figures.save(fig, path)
 
 
 def section(result: dict, run_stamp: dict) -> output.Section:

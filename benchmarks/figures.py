@@ -31,6 +31,12 @@ def nl_vs_rate(path: Path, runs: list[dict], title: str, log_y: bool = False) ->
     ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    save(fig, path)
+
+
+def save(fig, path: Path) -> None:
+    """Every figure of the page: laid out, written at the page's resolution, then closed."""
+    import matplotlib.pyplot as plt
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)

@@ -66,6 +66,7 @@ def plot(path: Path, rows: list[dict], backends: list[str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from benchmarks import figures
     presets = list(dict.fromkeys(r["preset"] for r in rows))
     by = {(r["preset"], r["backend"]): r for r in rows}
     fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(backends), 0.8 + 0.35 * len(presets)))
@@ -83,9 +84,7 @@ def plot(path: Path, rows: list[dict], backends: list[str]) -> None:
     ax.set_yticks([i + 0.5 for i in range(len(presets))], presets, fontsize=8)
     ax.set_title("prompts token-identical with HF generate", fontsize=9)
     ax.tick_params(length=0)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    figures.save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

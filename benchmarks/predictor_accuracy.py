@@ -17,7 +17,7 @@ from pathlib import Path
 if __package__ in (None, ""):       # run as a script: the repository root holds benchmarks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import output, runs, stamp, tables
+from benchmarks import figures, output, runs, stamp, tables
 
 NAME = "predictor_accuracy"
 # 2,000 training records: the size of the embedded predictor's bundled seed.
@@ -110,9 +110,7 @@ def plot(path: Path, rows: list[dict]) -> None:
         ax.tick_params(labelsize=7)
         ax.grid(True, axis="x", alpha=0.3)
     fig.suptitle("Output-length prediction on held-out ShareGPT prompts (measured)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    figures.save(fig, path)
 
 
 def section(rows: list[dict], params: dict, proxy_epochs: int,

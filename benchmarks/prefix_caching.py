@@ -24,7 +24,7 @@ from pathlib import Path
 if __package__ in (None, ""):       # run as a script: the repository root holds benchmarks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import output, runs, stamp, tables
+from benchmarks import figures, output, runs, stamp, tables
 
 NAME = "prefix_caching"
 MOONCAKE = runs.SHAREGPT.parent / "mooncake_conversation_trace.jsonl.gz"
@@ -207,9 +207,7 @@ def plot(path: Path, sim: list[dict]) -> None:
                  fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    figures.save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ import json
 import re
 from pathlib import Path
 
-from benchmarks import runs, tables
+from benchmarks import figures, runs, tables
 
 ROUTERS = ("round-robin", "least-loaded", "length-aware")
 INNER = ("vllm", "alise")
@@ -146,6 +146,4 @@ def plot(path: Path, found: list[dict]) -> None:
         ax.set_ylabel("P99 TTFT (s)")
         ax.grid(True, alpha=0.3)
     axes[0][-1].legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    figures.save(fig, path)

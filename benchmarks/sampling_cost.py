@@ -21,7 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):       # run as a script: the repository root holds benchmarks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import output, stamp, tables
+from benchmarks import figures, output, stamp, tables
 
 NAME = "sampling_cost"
 FULL = {"model": "opt-125m", "batch_sizes": [1, 64], "rounds": 2, "steps": 12, "prompt_len": 32}
@@ -173,9 +173,7 @@ def plot(path: Path, result: dict, batch_sizes: list[int]) -> None:
                  fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    figures.save(fig, path)
 
 
 def section(result: dict, params: dict, run_stamp: dict) -> output.Section:

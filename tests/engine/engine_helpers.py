@@ -40,3 +40,17 @@ def run_to_completion(engine: LLMEngine) -> dict:
             if out.finished:
                 finished[out.request_id] = out
     raise AssertionError("engine did not drain")
+
+
+def replay(engine: LLMEngine, workload) -> dict[str, list[int]]:
+    """Add ``(request id, prompt ids, params, predicted length)`` requests one by one, stepping
+    after every second, then run to the end: requests arrive while others run. Token ids per
+    request."""
+    done = {}
+    for step, (rid, prompt, params, n) in enumerate(workload):
+        engine.add_request(rid, prompt_token_ids=prompt, sampling_params=params,
+                           predicted_output_len=n)
+        if step % 2 == 0:
+            done.update((o.request_id, o) for o in engine.step() if o.finished)
+    done.update(run_to_completion(engine))
+    return {rid: out.outputs[0].token_ids for rid, out in done.items()}

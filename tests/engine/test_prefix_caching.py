@@ -6,7 +6,7 @@ block accounting (reference counts, the hash index) checked after every step."""
 import random
 
 import pytest
-from engine_helpers import make_engine, run_to_completion
+from engine_helpers import make_engine, replay, run_to_completion
 
 from lenserve import LLM
 from lenserve_contract.sampling_params import SamplingParams
@@ -38,14 +38,7 @@ def run(policy: str, seed: int, *, caching: bool, blocks: int = 24, **config):
     engine = make_engine(policy, num_gpu_blocks=blocks, max_model_len=64,
                          max_num_batched_tokens=24, max_num_seqs=6,
                          enable_prefix_caching=caching, **config)
-    done = {}
-    for step, (rid, prompt, params, n) in enumerate(shared_prefix_workload(seed)):
-        engine.add_request(rid, prompt_token_ids=prompt, sampling_params=params,
-                           predicted_output_len=n)
-        if step % 2 == 0:
-            done.update((o.request_id, o) for o in engine.step() if o.finished)
-    done.update(run_to_completion(engine))
-    return {rid: out.outputs[0].token_ids for rid, out in done.items()}, engine
+    return replay(engine, shared_prefix_workload(seed)), engine
 
 
 def _real_policies():

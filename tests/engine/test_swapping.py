@@ -6,7 +6,7 @@ block changes the output)."""
 import random
 
 import pytest
-from engine_helpers import make_engine, run_to_completion
+from engine_helpers import make_engine, replay, run_to_completion
 
 from lenserve_contract.sampling_params import SamplingParams
 from services.scheduler.policies import POLICIES
@@ -28,14 +28,7 @@ def workload(seed: int, n: int = 20):
 def run(policy: str, seed: int, **config):
     engine = make_engine(policy, num_gpu_blocks=20, max_model_len=64, max_num_batched_tokens=24,
                          max_num_seqs=6, **config)
-    done = {}
-    for step, (rid, prompt, params, n) in enumerate(workload(seed)):
-        engine.add_request(rid, prompt_token_ids=prompt, sampling_params=params,
-                           predicted_output_len=n)
-        if step % 2 == 0:
-            done.update((o.request_id, o) for o in engine.step() if o.finished)
-    done.update(run_to_completion(engine))
-    return {rid: out.outputs[0].token_ids for rid, out in done.items()}, engine
+    return replay(engine, workload(seed)), engine
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
