@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from lenserve_contract.sampling_params import SamplingParams
+from services.executor.reductions import topk_rows
 
 
 def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> None:
@@ -45,19 +46,24 @@ def min_p_filter(probs: torch.Tensor, min_p: list[float]) -> torch.Tensor:
     if not any(min_p):
         return probs
     ps = torch.tensor(min_p, device=probs.device, dtype=probs.dtype)[:, None]
-    floor = probs.max(dim=-1, keepdim=True).values * ps
+    floor = probs.amax(dim=-1, keepdim=True) * ps
     return probs.masked_fill(probs < floor, 0.0)
 
 
 def top_k_filter(probs: torch.Tensor, top_k: list[int]) -> torch.Tensor:
-    """Zero all but the ``k`` largest probabilities of each row; ``k <= 0`` keeps the row."""
+    """Zero all but the ``k`` largest probabilities of each row; ``k <= 0`` keeps the row.
+    One ``topk`` with the largest ``k`` asked gives each row's k-th value (no sort)."""
     vocab = probs.shape[1]
-    wanted = [k if 0 < k < vocab else vocab for k in top_k]
-    if all(k == vocab for k in wanted):   # decided on the host: no device sync
+    limited = [0 < k < vocab for k in top_k]
+    if not any(limited):   # decided on the host: no device sync
         return probs
-    ks = torch.tensor(wanted, device=probs.device)
-    sorted_probs = probs.sort(dim=-1, descending=True).values
-    kth = sorted_probs.gather(1, (ks - 1)[:, None])
+    widest = max(k for k, lim in zip(top_k, limited) if lim)
+    ks = torch.tensor([k - 1 if lim else 0 for k, lim in zip(top_k, limited)],
+                      device=probs.device)
+    kth = topk_rows(probs, widest)[0].gather(1, ks[:, None])
+    if not all(limited):    # a row without top-k keeps every token
+        keep = torch.tensor([not lim for lim in limited], device=probs.device)
+        kth = kth.masked_fill(keep[:, None], 0.0)
     return probs.masked_fill(probs < kth, 0.0)
 
 

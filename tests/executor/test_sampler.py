@@ -1,6 +1,7 @@
 """Sampling: greedy, top-k/top-p support, seeded determinism independent of the batch."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from lenserve_contract.sampling_params import SamplingParams
@@ -12,8 +13,9 @@ def req(**kw) -> SampleRequest:
     return SampleRequest(SamplingParams(**kw), n)
 
 
-def test_greedy_is_the_argmax_of_each_row():
-    logits = torch.randn(5, 50)
+@pytest.mark.parametrize("vocab", [50, 50272])
+def test_greedy_is_the_argmax_of_each_row(vocab):
+    logits = torch.randn(5, vocab)
     out = Sampler().sample(logits, [req(temperature=0.0)] * 5)
     tokens, logprobs = out.tokens, out.logprobs
     assert tokens == logits.argmax(-1).tolist()
@@ -21,12 +23,23 @@ def test_greedy_is_the_argmax_of_each_row():
     assert torch.allclose(torch.tensor(logprobs), want)
 
 
-def test_top_k_samples_only_the_k_most_likely():
-    logits = torch.randn(1, 100)
+@pytest.mark.parametrize("vocab", [100, 50272])
+def test_top_k_samples_only_the_k_most_likely(vocab):
+    logits = torch.randn(1, vocab)
     top = set(logits[0].topk(3).indices.tolist())
     sampler = Sampler(seed=1)
     draws = {sampler.sample(logits, [req(temperature=5.0, top_k=3)]).tokens[0] for _ in range(200)}
     assert draws <= top and len(draws) > 1
+
+
+def test_top_k_filter_keeps_the_values_a_full_sort_keeps():
+    probs = torch.softmax(torch.randn(4, 50272) * 3, dim=-1)
+    probs[3, :7] = probs[3].max()          # ties at the k-th value are kept, as by a sort
+    ks = [3, -1, 40, 5]
+    kth = probs.sort(dim=-1, descending=True).values
+    for row, k in enumerate(ks):
+        want = probs[row] >= kth[row, k - 1] if k > 0 else torch.ones(50272, dtype=torch.bool)
+        assert torch.equal(top_k_filter(probs, ks)[row] > 0, want), row
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():

@@ -68,8 +68,9 @@ def test_a_strong_penalty_changes_the_greedy_choice():
     assert plain == [0] and penalized == [1]
 
 
-def test_logprobs_are_the_raw_log_softmax_and_its_top_k():
-    logits = torch.randn(4, 100)
+@pytest.mark.parametrize("vocab", [100, 50272])    # PyTorch's topk; the staged one
+def test_logprobs_are_the_raw_log_softmax_and_its_top_k(vocab):
+    logits = torch.randn(4, vocab)
     reqs = [req(temperature=0, logprobs=5), req(logprobs=0), req(), req(temperature=0.7,
                                                                         logprobs=20)]
     out = Sampler(seed=1).sample(logits, reqs)
