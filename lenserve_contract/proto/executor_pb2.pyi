@@ -168,3 +168,7 @@ class BlockDataResponse(_message.Message):
     num_bytes: int
     error: _common_pb2.ErrorDetail
     def __init__(self, num_bytes: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...
+
+class CompileGrammarResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

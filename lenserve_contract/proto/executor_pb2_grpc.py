@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from lenserve_contract.proto import common_pb2 as lenserve__contract_dot_proto_dot_common__pb2
 from lenserve_contract.proto import executor_pb2 as lenserve__contract_dot_proto_dot_executor__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -54,6 +55,11 @@ class ExecutorServiceStub:
                 request_serializer=lenserve__contract_dot_proto_dot_executor__pb2.BlockDataRequest.SerializeToString,
                 response_deserializer=lenserve__contract_dot_proto_dot_executor__pb2.BlockDataResponse.FromString,
                 _registered_method=True)
+        self.CompileGrammar = channel.unary_unary(
+                '/lenserve.proto.ExecutorService/CompileGrammar',
+                request_serializer=lenserve__contract_dot_proto_dot_common__pb2.StructuredOutput.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_executor__pb2.CompileGrammarResponse.FromString,
+                _registered_method=True)
 
 
 class ExecutorServiceServicer:
@@ -83,6 +89,14 @@ class ExecutorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompileGrammar(self, request, context):
+        """Compile a request's grammar into the executor's cache before its first iteration, beside
+        the iterations (INVALID_ARGUMENT naming the problem when it cannot compile).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +119,11 @@ def add_ExecutorServiceServicer_to_server(servicer, server):
                     servicer.ImportBlocks,
                     request_deserializer=lenserve__contract_dot_proto_dot_executor__pb2.BlockDataRequest.FromString,
                     response_serializer=lenserve__contract_dot_proto_dot_executor__pb2.BlockDataResponse.SerializeToString,
+            ),
+            'CompileGrammar': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompileGrammar,
+                    request_deserializer=lenserve__contract_dot_proto_dot_common__pb2.StructuredOutput.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_executor__pb2.CompileGrammarResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +234,33 @@ class ExecutorService:
             '/lenserve.proto.ExecutorService/ImportBlocks',
             lenserve__contract_dot_proto_dot_executor__pb2.BlockDataRequest.SerializeToString,
             lenserve__contract_dot_proto_dot_executor__pb2.BlockDataResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompileGrammar(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lenserve.proto.ExecutorService/CompileGrammar',
+            lenserve__contract_dot_proto_dot_common__pb2.StructuredOutput.SerializeToString,
+            lenserve__contract_dot_proto_dot_executor__pb2.CompileGrammarResponse.FromString,
             options,
             channel_credentials,
             insecure,

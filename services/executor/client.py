@@ -30,6 +30,8 @@ class ExecutorClient(Executor):
     """``tokenizer_model``: what to load the tokenizer from (default: the executor's model
     name, which is enough for presets and the fake; give the checkpoint path otherwise)."""
 
+    compiles_grammars = True
+
     def __init__(self, target: str, *, timeout_s: float = 300.0, connect_timeout_s: float = 60.0,
                  reconnect_wait_s: float = 2.0, tokenizer_model: str | None = None):
         self.target = rpc.strip_scheme(target)
@@ -65,6 +67,12 @@ class ExecutorClient(Executor):
             self._await_reconnect()
         msg = self._call(self._stub.Execute, convert.input_to_proto(batch), self.timeout_s)
         return convert.output_from_proto(msg)
+
+    def compile_grammar(self, structured_output) -> None:
+        from lenserve_contract.proto import common_pb2
+        msg = common_pb2.StructuredOutput(kind=structured_output.kind,
+                                          schema=structured_output.schema)
+        self._call(self._stub.CompileGrammar, msg, self.timeout_s)
 
     def _await_reconnect(self) -> None:
         try:

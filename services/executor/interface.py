@@ -4,6 +4,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
+from lenserve_contract.sampling_params import StructuredOutput
 from services.executor.types import ExecutorInput, ExecutorOutput, ModelInfo
 
 if TYPE_CHECKING:   # annotations only: a scheduler or simulator needs no torch
@@ -16,6 +17,10 @@ class ExecutorUnavailableError(RuntimeError):
 
 
 class Executor(ABC):
+    # True when ``compile_grammar`` compiles (the serving core then holds a request with
+    # structured output until its grammar is ready, instead of compiling inside an iteration).
+    compiles_grammars = False
+
     @abstractmethod
     def model_info(self) -> ModelInfo:
         """Shapes the scheduler needs: block size, number of device blocks, context length."""
@@ -72,6 +77,11 @@ class Executor(ABC):
         info = self.model_info()
         return int8.packed_views(buf, info.num_layers, num_blocks, info.block_size,
                                  info.num_kv_heads, info.head_dim, _dtype(info))
+
+    def compile_grammar(self, structured_output: StructuredOutput) -> None:
+        """Compile a request's grammar into this executor's cache ahead of the request's first
+        iteration. Called on a worker thread, beside iterations; may block for the compile.
+        Raises InvalidRequestError naming the problem when the grammar cannot be compiled."""
 
     def close(self) -> None:
         """Release resources (sockets, device memory)."""

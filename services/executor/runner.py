@@ -5,6 +5,7 @@ refused with ``InvalidRequestError`` and the pool keeps every other request's da
 """
 from __future__ import annotations
 
+import threading
 import time
 from itertools import chain
 
@@ -36,6 +37,8 @@ GPU_MEMORY_UTILIZATION = 0.9
 
 
 class InProcessExecutor(Executor):
+    compiles_grammars = True
+
     def __init__(self, model: str | LoadedModel, *, block_size: int = 16,
                  num_gpu_blocks: int | None = None, kv_cache_memory_bytes: int | None = None,
                  attention_backend: str = "auto", dtype: str = "auto", device: str = "cpu",
@@ -67,6 +70,7 @@ class InProcessExecutor(Executor):
         self.sampler = Sampler()
         self.sampling_state = SamplingState(self.device, self._grammars)
         self._grammar_cache = None
+        self._grammar_lock = threading.Lock()   # made once, by an iteration or a compile
         self._history_ids: set[str] = set()     # requests whose sampling reads their history
         self.block_tables = BlockTables()
         self.swap_buffers: dict[str, torch.Tensor] = {}   # name -> host buffer, per slot
@@ -165,15 +169,19 @@ class InProcessExecutor(Executor):
         top = {sampling[row].request_id: pairs for row, pairs in out.top.items()}
         return out.tokens, out.logprobs, top
 
+    def compile_grammar(self, structured_output) -> None:
+        self._grammars().compile(structured_output)
+
     def _grammars(self):
-        """The grammar cache, made when the first request with structured output samples."""
-        if self._grammar_cache is None:
-            from services.executor.structured import GrammarCache
-            loaded = self.loaded            # a finished value may end on any EOS id
-            eos = list(loaded.eos_token_ids) or (
-                [] if loaded.eos_token_id is None else [loaded.eos_token_id])
-            self._grammar_cache = GrammarCache(self.tokenizer, self.net.vocab_size, eos)
-        return self._grammar_cache
+        """The grammar cache, made when the first request with structured output comes."""
+        with self._grammar_lock:
+            if self._grammar_cache is None:
+                from services.executor.structured import GrammarCache
+                loaded = self.loaded            # a finished value may end on any EOS id
+                eos = list(loaded.eos_token_ids) or (
+                    [] if loaded.eos_token_id is None else [loaded.eos_token_id])
+                self._grammar_cache = GrammarCache(self.tokenizer, self.net.vocab_size, eos)
+            return self._grammar_cache
 
     def forward_logits(self, batch: ExecutorInput
                        ) -> tuple[torch.Tensor, AttentionContext | None, float, float]:

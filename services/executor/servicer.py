@@ -1,6 +1,7 @@
 """gRPC shell of the executor: one ``Execute`` call per iteration, ``GetModelInfo``, block
 moves for a kvmanager (``ExportBlocks``/``ImportBlocks``: bytes through a shared-memory segment
-the request names, never through protobuf), health.
+the request names, never through protobuf), health, and ``CompileGrammar`` (a request's
+grammar, ahead of its first iteration, on threads of its own beside the iterations).
 
 Iterations run on one worker thread: the executor is not thread-safe (nor need it be, the
 scheduler sends one iteration at a time), and the event loop stays free to answer health
@@ -22,6 +23,7 @@ import grpc
 
 from lenserve_contract.errors import InvalidRequestError
 from lenserve_contract.proto import executor_pb2, executor_pb2_grpc
+from lenserve_contract.sampling_params import StructuredOutput
 from services import rpc
 from services.executor import convert
 from services.executor.interface import Executor
@@ -46,20 +48,35 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
         self._worker = worker or compute_thread()
         self._mover = ThreadPoolExecutor(1, thread_name_prefix="executor-blocks",
                                          initializer=keep_torch_single_threaded)
+        # Grammar compiles run beside iterations (xgrammar releases the GIL while compiling).
+        self._compiler = ThreadPoolExecutor(2, thread_name_prefix="executor-grammar")
         self._segments: AttachedSegments | None = None
 
     async def Execute(self, request, context):
+        out = await self._run(context, self._worker, f"iteration {request.iteration}",
+                              self._execute, request)
+        return convert.output_to_proto(out)
+
+    def _execute(self, request):
+        return self.executor.execute(convert.input_from_proto(request))
+
+    async def CompileGrammar(self, request, context):
+        so = StructuredOutput(request.kind, request.schema)
+        await self._run(context, self._compiler, "a grammar compile",
+                        self.executor.compile_grammar, so)
+        return executor_pb2.CompileGrammarResponse()
+
+    async def _run(self, context, pool: ThreadPoolExecutor, what: str, fn, *args):
+        """``fn(*args)`` on ``pool``: bad input aborts the call with INVALID_ARGUMENT and the
+        field, anything else (a bug, a device fault) with INTERNAL; the server keeps serving."""
         try:
-            batch = convert.input_from_proto(request)
-            loop = asyncio.get_running_loop()
-            out = await loop.run_in_executor(self._worker, self.executor.execute, batch)
+            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
         except InvalidRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc),
                                 trailing_metadata=((rpc.FIELD_METADATA_KEY, exc.field),))
-        except Exception as exc:  # a bug or a device fault: say so, keep serving
-            log.exception("iteration %d failed", request.iteration)
+        except Exception as exc:  # noqa: BLE001 - said to the caller and logged
+            log.exception("%s failed", what)
             await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-        return convert.output_to_proto(out)
 
     async def GetModelInfo(self, request, context):
         return convert.model_info_to_proto(self.executor.model_info())
@@ -72,17 +89,10 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
 
     async def _move(self, request, context, export: bool):
         ids = list(request.block_ids)
-        try:
-            loop = asyncio.get_running_loop()
-            num_bytes = await loop.run_in_executor(
-                self._mover, self._move_blocks, request.shm_name, ids, export,
-                request.int8, request.num_tokens or None)
-        except InvalidRequestError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc),
-                                trailing_metadata=((rpc.FIELD_METADATA_KEY, exc.field),))
-        except Exception as exc:  # a device fault: say so, keep serving
-            log.exception("%s of %d blocks failed", "export" if export else "import", len(ids))
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+        what = f"{'export' if export else 'import'} of {len(ids)} blocks"
+        num_bytes = await self._run(context, self._mover, what, self._move_blocks,
+                                    request.shm_name, ids, export, request.int8,
+                                    request.num_tokens or None)
         return executor_pb2.BlockDataResponse(num_bytes=num_bytes)
 
     def _move_blocks(self, name: str, block_ids: list[int], export: bool, int8: bool = False,
@@ -119,6 +129,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
     def close(self) -> None:
         self._worker.shutdown(wait=True)
         self._mover.shutdown(wait=True)
+        self._compiler.shutdown(wait=True)
         if self._segments is not None:
             self._segments.close()
         self.executor.close()

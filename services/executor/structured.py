@@ -65,15 +65,23 @@ class GrammarCache:
         self.compiler = xgr.GrammarCompiler(info)   # its own cache, keyed by the schema
         self.vocab_size = vocab_size
 
-    def matcher(self, so: StructuredOutput):
-        xgr = _xgr()
+    def compile(self, so: StructuredOutput):
+        """The compiled grammar (from the cache after the first time; thread-safe: the
+        serving core compiles ahead on a worker thread while iterations run)."""
         check_structured_output(so.kind, so.schema)
         # Compact JSON (no free whitespace between tokens): a small or unsure model can
         # otherwise emit whitespace until max_tokens (vLLM's --disable-any-whitespace).
         schema = '{"type": "object"}' if so.kind == "json_object" else so.schema
-        compiled = self.compiler.compile_json_schema(schema, strict_mode=True,
+        try:
+            return self.compiler.compile_json_schema(schema, strict_mode=True,
                                                      any_whitespace=False)
-        return xgr.GrammarMatcher(compiled)
+        except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError kinds
+            why = _LOG_PREFIX.sub("", str(exc).strip())
+            raise InvalidRequestError(f"response_format: the JSON schema cannot be compiled: "
+                                      f"{why}", field="response_format") from None
+
+    def matcher(self, so: StructuredOutput):
+        return _xgr().GrammarMatcher(self.compile(so))
 
     def fill_mask(self, matchers: list, rows: list[int], num_rows: int) -> torch.Tensor:
         """A bitmask of ``num_rows`` rows (the batch's logits), matcher ``i`` filling row

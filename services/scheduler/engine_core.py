@@ -24,6 +24,7 @@ from services.predictor.interface import PredictQuery
 from services.predictor.types import Completion
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.detokenizer import IncrementalDetokenizer
+from services.scheduler.grammar_gate import GrammarGate
 from services.scheduler.output import SchedulerOutput
 from services.scheduler.params_check import check_length, check_params, truncate_prompt
 from services.scheduler.predictions import PredictionPump
@@ -88,6 +89,8 @@ class EngineCore:
         # An ``ExecutionTimeModel`` fed every executed iteration, for a replica's load report
         # (a router places by it); None: only a policy that owns one fits it.
         self.time_model = time_model
+        self.grammar_gate = (GrammarGate(executor.compile_grammar)
+                             if getattr(executor, "compiles_grammars", False) else None)
         setup_streaming(self.scheduler.state, executor, kv_manager)
 
     # -- requests ---------------------------------------------------------------------------
@@ -118,7 +121,10 @@ class EngineCore:
                                         or self.model_info.eos_token_id),
                           predicted_output_len=predicted_output_len, priority=priority,
                           slo_deadline_s=slo_deadline_s)
-        self.scheduler.add_request(request)
+        if self.grammar_gate is None:
+            self.scheduler.add_request(request)
+        else:   # held outside the scheduler while its grammar compiles
+            self.grammar_gate.add(self.scheduler, request)
         detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop)
         self._streams[request_id] = _Stream(request, prompt, detok, delta)
         if predicted_output_len is None and self.predictions is not None:
@@ -164,16 +170,18 @@ class EngineCore:
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort a request; returns its final output, or None if it is unknown or finished."""
+        if self.grammar_gate is not None:
+            self.grammar_gate.remove_into(self.scheduler, request_id)
         request = self.scheduler.abort_request(request_id)
         if request is None:
             return None
         return self._make_output(request)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self.grammar_gate)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.scheduler.state.requests)
+        return len(self.scheduler.state.requests) + len(self.grammar_gate or ())
 
     def stats(self) -> SchedulerStats:
         stats = dataclasses.replace(self.scheduler.stats(), num_upload_waits=self.num_upload_waits,
@@ -185,11 +193,20 @@ class EngineCore:
     # -- the loop ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one iteration. Returns outputs for requests that got tokens or finished."""
+        if self.grammar_gate is None:
+            return self._step()
+        failed = [self._fail_request(r.request_id, why)
+                  for r, why in self.grammar_gate.release_into(self.scheduler)]
+        return [f for f in failed if f is not None] + self._step()
+
+    def _step(self) -> list[RequestOutput]:
         scheduler = self.scheduler
         t0 = time.perf_counter()
         self._apply_predictions()
         out = scheduler.schedule(self.clock())
         if out.is_empty:
+            if self.grammar_gate and not scheduler.has_unfinished_requests():
+                self.grammar_gate.wait(0.05)    # only compiles pending: no busy loop
             return self._finish_swaps()
         t1 = time.perf_counter()
         failed = self._start_swaps(out)
@@ -252,8 +269,10 @@ class EngineCore:
     def _apply_predictions(self) -> None:
         if self.predictions is None:
             return
+        gate = self.grammar_gate
         for rid, prediction in self.predictions.drain():
-            self.scheduler.set_prediction(rid, prediction)
+            if gate is None or not gate.hold_prediction(rid, prediction):
+                self.scheduler.set_prediction(rid, prediction)
 
     def _start_swaps(self, out: SchedulerOutput) -> list[RequestOutput]:
         """Swap-outs start and run on while the iteration executes (their device blocks stay
@@ -385,4 +404,6 @@ class EngineCore:
             self.predictions.close()
         if self.kv_manager is not None:
             self.kv_manager.close()
+        if self.grammar_gate is not None:
+            self.grammar_gate.close()
         self.executor.close()

@@ -75,13 +75,14 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         """Queue a request, or raise InvalidRequestError (nothing else changes)."""
-        self._validate(request)
+        self.validate(request)
         request.fix_stop_conditions(self.config.max_model_len)
         self.state.cached_tokens(request)       # what the policy ranks it by
         self.state.add(request)
         self.policy.add_request(request)
 
-    def _validate(self, request: Request) -> None:
+    def validate(self, request: Request) -> None:
+        """Raise InvalidRequestError if ``add_request`` would refuse ``request``."""
         cfg, n = self.config, request.num_prompt_tokens
         if request.request_id in self.state.requests:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use",
