@@ -46,6 +46,7 @@ TokenIds = list[Annotated[int, Field(ge=0, le=2**31)]]
 STRICT = ConfigDict(extra="ignore", strict=True)
 MAX_LOGIT_BIAS_ENTRIES = 300        # OpenAI's limit
 MAX_LOGPROBS = 20
+MAX_TOOLS = 128                     # OpenAI's limit
 
 
 class JsonSchemaFormat(BaseModel):
@@ -126,12 +127,62 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionDef(BaseModel):
+    """A tool's function: ``parameters`` is the JSON schema of its arguments (an object)."""
+
+    model_config = STRICT
+
+    name: str = documented(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(BaseModel):
+    model_config = STRICT
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+class CalledFunction(BaseModel):
+    model_config = STRICT
+
+    name: str
+    arguments: str          # a JSON object, as text
+
+
+class ToolCall(BaseModel):
+    """A call an earlier assistant turn made (sent back with the tool's answer)."""
+
+    model_config = STRICT
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None      # an assistant turn's calls
+    tool_call_id: str | None = None               # a tool turn: the call it answers
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -141,7 +192,9 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    tools: list[dict] | None = documented(maxItems=0)
-    tool_choice: str | dict | None = documented(**{"enum": ["none", "auto"]})
+    tools: list[ToolDef] | None = documented(maxItems=MAX_TOOLS)
+    # Default: "auto" with tools, "none" without.
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: Int64 | None = documented(minimum=0, maximum=MAX_LOGPROBS)

@@ -131,21 +131,47 @@ class CompletionShape:
 
 class ChatShape(CompletionShape):
     prefix, object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
+    tool_parser = None      # a ``gateway.tools.ToolCallParser`` when the request has tools
 
     def logprobs(self, entries: list | None):
         return None if entries is None else chat_logprobs(entries, self.names)
 
     def full(self, text: str, finish_reason: str | None, usage: dict,
              logprobs: list | None = None) -> dict:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": self.logprobs(logprobs), "finish_reason": finish_reason}
+        message = {"role": "assistant", "content": text}
+        if self.tool_parser is not None:
+            head = self.tool_parser.feed(text)
+            rest, calls = self.tool_parser.finish()
+            message["content"] = (head + rest) or (None if calls else "")
+            if calls:
+                message["tool_calls"], finish_reason = calls, "tool_calls"
+        choice = {"index": 0, "message": message, "logprobs": self.logprobs(logprobs),
+                  "finish_reason": finish_reason}
         return self.envelope(self.object, [choice], usage)
 
-    def chunk(self, text: str, finish_reason: str | None, logprobs: list | None = None) -> dict:
+    def chunk(self, text: str, finish_reason: str | None, logprobs: list | None = None,
+              tool_calls: list | None = None) -> dict:
         delta = {"content": text} if text else {}
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
         choice = {"index": 0, "delta": delta, "logprobs": self.logprobs(logprobs),
                   "finish_reason": finish_reason}
         return self.envelope(self.chunk_object, [choice], None)
+
+    def event(self, text: str, finish_reason: str | None, logprobs: list | None = None) -> bytes:
+        parser = self.tool_parser
+        if parser is None:
+            return super().event(text, finish_reason, logprobs)
+        content = parser.feed(text)
+        if finish_reason is None:
+            return sse(self.chunk(content, None, logprobs)) if content or logprobs else b""
+        rest, calls = parser.finish()
+        text = content + rest
+        events = [sse(self.chunk(text, None, logprobs))] if text or logprobs else []
+        events += [sse(self.chunk("", None, None, [{"index": i, **call}]))
+                   for i, call in enumerate(calls)]
+        events.append(sse(self.chunk("", "tool_calls" if calls else finish_reason)))
+        return b"".join(events)
 
     def opening(self) -> dict:
         choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,

@@ -8,6 +8,7 @@ import logging
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from gateway import tools
 from gateway.errors import APIError, error_body
 from gateway.failures import failure
 from gateway.generation import Generation
@@ -33,8 +34,11 @@ async def completions(body: CompletionRequest, request: Request):
 @router.post("/v1/chat/completions", responses=COMPLETION)
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = request.app.state
-    prompt = state.chat.render(body.messages, state.config)
-    return await serve(request, body, prompt, ChatShape, state.config.default_chat_max_tokens)
+    tool_plan = tools.plan(body)
+    prompt = state.chat.render(body.messages, state.config,
+                               tool_plan.template_tools() if tool_plan else None)
+    return await serve(request, body, prompt, ChatShape, state.config.default_chat_max_tokens,
+                       tool_plan)
 
 
 @router.get("/v1/models", responses=GUARDED)
@@ -62,7 +66,7 @@ async def metrics(request: Request):
 
 
 async def serve(request: Request, body: SamplingFields, prompt: Prompt, shape_cls,
-                default_max_tokens: int) -> Response:
+                default_max_tokens: int, tool_plan: tools.ToolPlan | None = None) -> Response:
     state, config = request.app.state, request.app.state.config
     endpoint = request.url.path
     try:
@@ -78,6 +82,8 @@ async def serve(request: Request, body: SamplingFields, prompt: Prompt, shape_cl
         state.metrics.requests.labels(endpoint, str(err.status)).inc()
         raise
     shape = shape_cls(config.served_model_name, gen.request_id, state.token_names)
+    if tool_plan is not None:
+        shape.tool_parser = tool_plan.parser()
     state.metrics.requests.labels(endpoint, "200").inc()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -124,7 +130,9 @@ async def stream(gen: Generation, shape: CompletionShape, include_usage: bool):
     try:
         async for text, finish_reason in gen.deltas():
             if text or finish_reason or gen.delta_logprobs:
-                yield shape.event(text, finish_reason, gen.delta_logprobs)
+                event = shape.event(text, finish_reason, gen.delta_logprobs)
+                if event:       # text held back (a tool call may be starting) sends nothing
+                    yield event
     except Exception as exc:  # noqa: BLE001 - headers are gone; say it in the stream
         err = failure(exc, gen.request_id)
         yield sse(error_body(err.status, err.message, code=err.code))

@@ -40,12 +40,6 @@ def refuse_unsupported(req: SamplingFields) -> None:
             raise bad("echo" if req.echo else "suffix", "not supported")
         if req.best_of not in (None, 1):
             raise bad("best_of", "only best_of=1 is supported")
-    if isinstance(req, ChatCompletionRequest):
-        if req.tools:
-            raise bad("tools", "tool calls are not supported (tool_choice \"none\" without "
-                               "tools is accepted); ask for JSON with response_format instead")
-        if req.tool_choice not in (None, "none", "auto"):
-            raise bad("tool_choice", "tool calls are not supported")
 
 
 def logprobs(req: SamplingFields) -> int | None:
@@ -75,6 +69,11 @@ def logit_bias(req: SamplingFields) -> dict[int, float]:
 
 
 def structured_output(req: SamplingFields) -> StructuredOutput | None:
+    if isinstance(req, ChatCompletionRequest) and req.tools:
+        from gateway.tools import plan     # tools.py builds on this module
+        tool_plan = plan(req)
+        if tool_plan is not None and tool_plan.forced:
+            return tool_plan.structured_output()
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
         return None

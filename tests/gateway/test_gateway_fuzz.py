@@ -51,7 +51,16 @@ SAMPLING = {
             "schema": json_values | st.sampled_from([{"type": "object"}, {"type": "objec"},
                                                      {"enum": []}])})}) | json_values,
     "truncate_prompt_tokens": small_ints | json_values, "cap_max_tokens": st.booleans(),
-    "tool_choice": st.sampled_from(["none", "auto", "required"]) | json_values,
+    "tool_choice": st.sampled_from(["none", "auto", "required"]) | json_values
+    | st.fixed_dictionaries({"type": st.sampled_from(["function", "x"]), "function":
+                             st.fixed_dictionaries({"name": st.sampled_from(["f", "nope"])})}),
+    "tools": json_values | st.lists(st.fixed_dictionaries(
+        {"type": st.sampled_from(["function", "retrieval"]),
+         "function": st.fixed_dictionaries({"name": st.sampled_from(["f", "g h", ""]) | texts},
+                                           optional={"parameters": json_values | st.sampled_from(
+                                               [{"type": "object"}, {"type": "objec"}])})}),
+        max_size=2),
+    "parallel_tool_calls": st.booleans() | json_values,
 }
 prompts = texts | st.lists(st.integers(-5, 300), max_size=8) | st.lists(texts, max_size=2) | json_values
 

@@ -49,6 +49,10 @@ def test_schema_lists_the_sampling_parameters_and_their_limits(live):
         assert name in completion and name in chat, name
     assert set(schemas["ResponseFormat"]["properties"]["type"]["enum"]) == {
         "text", "json_object", "json_schema"}
+    for name in ("tools", "tool_choice", "parallel_tool_calls"):
+        assert name in chat and name not in completion, name
+    assert chat["tools"]["maxItems"] == 128
+    assert schemas["FunctionDef"]["properties"]["name"]["pattern"] == "^[A-Za-z0-9_-]{1,64}$"
 
 
 @pytest.fixture(scope="module")
