@@ -58,9 +58,10 @@ def build_engine(params: dict):
 
 
 def decode_step_s(engine, executor, mode: str, batch: int, params: dict, tag: str,
-                  steps: list | None = None) -> float:
-    """Executor seconds of the fastest decode iteration of ``batch`` requests in ``mode``; every
-    step's (total, sampling) seconds are added to ``steps``."""
+                  steps: list | None = None) -> tuple[float, float]:
+    """Executor seconds of the fastest decode iteration of ``batch`` requests in ``mode``, and
+    the least CPU time the iteration's thread used in one; every step's (total, sampling)
+    seconds are added to ``steps``."""
     import random
     rng = random.Random(batch)
     vocab = executor.model_info().vocab_size
@@ -69,12 +70,14 @@ def decode_step_s(engine, executor, mode: str, batch: int, params: dict, tag: st
         engine.add_request(f"{tag}-{i}", prompt_token_ids=[rng.randrange(1000, vocab - 1)
                                                            for _ in range(params["prompt_len"])],
                            sampling_params=sp)
-    times, execute = [], executor.execute
+    times, cpu, execute = [], [], executor.execute
 
     def timed(inp):
+        start = time.thread_time()
         out = execute(inp)
         if len(inp.sequences) == batch and all(len(s.token_ids) == 1 for s in inp.sequences):
             times.append((out.timings.total_s, out.timings.sample_s))
+            cpu.append(time.thread_time() - start)
         return out
     executor.execute = timed
     try:
@@ -84,24 +87,35 @@ def decode_step_s(engine, executor, mode: str, batch: int, params: dict, tag: st
         executor.execute = execute
     if steps is not None:
         steps.extend(times)
-    return min(t for t, _ in times)
+    return min(t for t, _ in times), min(cpu)
 
 
 def measure(params: dict) -> dict:
+    """Per round, batch and mode: the fastest step's executor seconds (``rounds``) and the
+    least thread CPU seconds of a step (``rounds_cpu``: the time the step computed, without
+    the time it waited for a core other work held)."""
     engine, executor = build_engine(params)
     decode_step_s(engine, executor, "json_schema", 1, {**params, "steps": 2}, "warm")
-    rounds, steps = [], {}
+    rounds, rounds_cpu, steps = [], [], {}
     for r in range(params["rounds"]):
-        rounds.append({str(b): {m: decode_step_s(engine, executor, m, b, params, f"{r}-{b}-{m}",
-                                                 steps.setdefault(f"{b}/{m}", []))
-                                for m in MODES} for b in params["batch_sizes"]})
+        got = {str(b): {m: decode_step_s(engine, executor, m, b, params, f"{r}-{b}-{m}",
+                                         steps.setdefault(f"{b}/{m}", []))
+                        for m in MODES} for b in params["batch_sizes"]}
+        rounds.append({b: {m: wall for m, (wall, _) in modes.items()}
+                       for b, modes in got.items()})
+        rounds_cpu.append({b: {m: cpu for m, (_, cpu) in modes.items()}
+                           for b, modes in got.items()})
     info = executor.model_info()
     return {"model": info.name, "dtype": info.dtype, "attention_backend": info.attention_backend,
-            "rounds": rounds, "steps_total_and_sample_s": steps}
+            "rounds": rounds, "rounds_cpu": rounds_cpu, "steps_total_and_sample_s": steps}
 
 
-def ratios(result: dict, batch: int, mode: str) -> list[float]:
-    return [r[str(batch)][mode] / r[str(batch)]["greedy"] for r in result["rounds"]]
+def ratios(result: dict, batch: int, mode: str, key: str = "rounds") -> list[float]:
+    return [r[str(batch)][mode] / r[str(batch)]["greedy"] for r in result.get(key, ())]
+
+
+def span(rs: list[float]) -> str:
+    return f"{(min(rs) - 1) * 100:+.1f}% to {(max(rs) - 1) * 100:+.1f}%" if rs else "-"
 
 
 def sampling_ms(result: dict, batch: int, mode: str) -> float:
@@ -122,14 +136,14 @@ def table(result: dict, batch_sizes: list[int]) -> list[str]:
     for b in batch_sizes:
         ms = {m: [r[str(b)][m] * 1e3 for r in result["rounds"]] for m in MODES}
         row = [str(b)] + [f"{min(ms[m]):.1f}-{max(ms[m]):.1f}" for m in MODES]
-        for m in MODES[1:]:
-            rs = ratios(result, b, m)
-            row.append(f"{(min(rs) - 1) * 100:+.1f}% to {(max(rs) - 1) * 100:+.1f}%")
+        row += [span(ratios(result, b, m)) for m in MODES[1:]]
+        row += [span(ratios(result, b, m, "rounds_cpu")) for m in MODES[1:]]
         row += [" / ".join(f"{sampling_ms(result, b, m):.2f}" for m in MODES)]
         row += [f"{added_share(result, b, m) * 100:+.1f}%" for m in MODES[1:]]
         rows.append(row)
     return tables.markdown(["batch", "greedy ms", "penalties+logprobs ms", "json_schema ms",
                             "penalties+logprobs vs greedy", "json_schema vs greedy",
+                            "pen+lp vs greedy, CPU time", "json vs greedy, CPU time",
                             "sampling ms (greedy / pen+lp / json)",
                             "pen+lp added sampling / step", "json added sampling / step"],
                            rows)
@@ -139,16 +153,20 @@ def summary_text(result: dict, params: dict, run_stamp: dict) -> str:
     bs = params["batch_sizes"]
     worst = max(max(ratios(result, b, "penalties+logprobs")) for b in bs)
     added = max(added_share(result, b, "penalties+logprobs") for b in bs)
+    cpu = [r for b in bs for r in ratios(result, b, "penalties+logprobs", "rounds_cpu")]
+    in_cpu = (f" ({(max(cpu) - 1) * 100:+.1f}% in the CPU time the step's thread used, which "
+              f"leaves out the time it waited for a core other work held)" if cpu else "")
     shared = (" The CPU was shared with other work during the run (see the stamp): whole steps "
-              "moved by more than the features cost, so the sampler's own time, measured inside "
-              "each step, is the steadier figure."
+              "moved by more than the features cost, so the CPU time and the sampler's own "
+              "time, measured inside each step, are the steadier figures."
               if stamp.cpu_was_shared(run_stamp) else "")
     return (f"One decode step of {result['model']} ({result['dtype']}, random weights, "
             f"attention `{result['attention_backend']}`, {params.get('threads', 1)} thread) on "
             f"this CPU, executor time, fastest of {params['steps']} steps, {params['rounds']} "
             f"rounds with every mode back to back; ranges are min-max over the rounds. "
             f"Penalties (presence, frequency, repetition) with 5 top logprobs: whole steps at "
-            f"most {(worst - 1) * 100:+.1f}% over plain greedy; the sampling time they add is "
+            f"most {(worst - 1) * 100:+.1f}% over plain greedy{in_cpu}; the sampling time they "
+            f"add is "
             f"at most {added * 100:+.1f}% of a greedy step (the aim is under 5%). The "
             f"JSON-schema mask fills one bitmask per request on the host each step.{shared}")
 

@@ -362,7 +362,13 @@ def test_sampling_cost_section_gives_each_modes_overhead_range():
     sec = sampling_cost.section(result, params, cpu_stamp(0.0))
     assert "at most +3.0% over plain greedy" in sec.text and "at most +2.0% of a greedy" in sec.text
     assert ("| 1 | 10.0-20.0 | 10.3-20.6 | 12.0-24.0 | +3.0% to +3.0% | +20.0% to +20.0% | "
-            "1.00 / 1.20 / 3.00 | +2.0% | +20.0% |") in sec.tables[0][1]
+            "- | - | 1.00 / 1.20 / 3.00 | +2.0% | +20.0% |") in sec.tables[0][1]
+    result["rounds_cpu"] = [{b: {**r[b], "penalties+logprobs": r[b]["greedy"] * 1.01}
+                             for b in r} for r in rounds]
+    sec = sampling_cost.section(result, params, cpu_stamp(0.0))
+    assert "+3.0% over plain greedy (+1.0% in the CPU time" in sec.text
+    assert any("| +3.0% to +3.0% | +20.0% to +20.0% | +1.0% to +1.0% | +20.0% to +20.0% |"
+               in line for line in sec.tables[0][1])
 
 
 def test_sampling_cost_quick_runs_end_to_end(tmp_path):
@@ -372,6 +378,7 @@ def test_sampling_cost_quick_runs_end_to_end(tmp_path):
     data = json.loads((tmp_path / "results" / "sampling_cost.json").read_text())
     assert len(data["result"]["rounds"]) == 2
     assert set(data["result"]["rounds"][0]["1"]) == set(sampling_cost.MODES)
+    assert set(data["result"]["rounds_cpu"][1]["4"]) == set(sampling_cost.MODES)
     assert "sampling_cost" in page.section_names((tmp_path / "results.md").read_text())
 
 
