@@ -196,3 +196,21 @@ def test_random_swaps_of_samples_sharing_blocks_keep_tokens(monkeypatch, seed):
     got, engine = run_grouped(RandomSwapPolicy.name, seed, swap_space_gib=2048 / 2**30)
     assert got == reference(seed)
     assert engine.kv_manager.stats().bytes_swapped_in > 0
+
+
+def test_a_real_tiny_model_samples_n_times_on_one_prefill():
+    from lenserve import LLM
+    llm = LLM("opt-tiny", num_gpu_blocks=64, block_size=4, max_model_len=128,
+              check_integrity=True)
+    prompt = "you are a helpful assistant who answers in short sentences. the quick brown fox"
+    greedy = dict(max_tokens=6, temperature=0, ignore_eos=True)
+    try:
+        single = llm.generate([prompt], SamplingParams(**greedy))[0]
+        group = llm.generate([prompt], SamplingParams(**greedy, n=3))[0]
+        seeded = [llm.generate([prompt], SamplingParams(max_tokens=6, seed=5, ignore_eos=True,
+                                                        n=3))[0] for _ in range(2)]
+    finally:
+        llm.close()
+    assert choices(group) == choices(single) * 3
+    assert choices(seeded[0]) == choices(seeded[1])
+    assert len({tuple(t) for t in choices(seeded[0])}) > 1
