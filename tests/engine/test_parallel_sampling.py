@@ -214,3 +214,24 @@ def test_a_real_tiny_model_samples_n_times_on_one_prefill():
     assert choices(group) == choices(single) * 3
     assert choices(seeded[0]) == choices(seeded[1])
     assert len({tuple(t) for t in choices(seeded[0])}) > 1
+
+
+def test_the_samples_share_one_length_prediction():
+    from services.predictor.local import OraclePredictor
+    from services.scheduler.predictions import PredictionPump
+
+    class Counting(OraclePredictor):
+        asked = 0
+
+        def predict(self, queries, model):
+            Counting.asked += len(queries)
+            return super().predict(queries, model)
+    e = make_engine(max_num_batched_tokens=8)
+    e.predictions = PredictionPump(Counting(), "fake")
+    e.add_request("r", prompt_token_ids=PROMPT, true_output_len=5,
+                  sampling_params=SamplingParams(max_tokens=9, ignore_eos=True, n=3))
+    group = e.groups.by_parent["r"]
+    out = run_to_completion(e)["r"]
+    assert Counting.asked == 1
+    assert [c.prediction.length for c in group.children] == [5, 5, 5]
+    assert out.metrics.predicted_output_len == 5 and len(out.outputs) == 3
