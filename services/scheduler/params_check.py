@@ -60,7 +60,8 @@ def prompt_tokens(prompt: str | None, prompt_token_ids: list[int] | None, tokeni
     vocabulary."""
     if prompt_token_ids is None:
         if prompt is None:
-            raise InvalidRequestError("either prompt or prompt_token_ids is required", field="prompt")
+            raise InvalidRequestError("either prompt or prompt_token_ids is required",
+                                      field="prompt")
         if not isinstance(prompt, str):
             raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}",
                                       field="prompt")
@@ -76,8 +77,8 @@ def prompt_tokens(prompt: str | None, prompt_token_ids: list[int] | None, tokeni
         return list(prompt_token_ids)   # the common case, checked without a Python loop
     bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
     if bad:
-        raise InvalidRequestError(f"prompt_token_ids must be ints in [0, {vocab}); got {bad[0]!r}",
-                                  field="prompt_token_ids")
+        raise InvalidRequestError(f"prompt_token_ids must be ints in [0, {vocab}); "
+                                  f"got {bad[0]!r}", field="prompt_token_ids")
     return list(prompt_token_ids)
 
 
