@@ -209,11 +209,14 @@ def test_a_real_tiny_model_samples_n_times_on_one_prefill():
         group = llm.generate([prompt], SamplingParams(**greedy, n=3))[0]
         seeded = [llm.generate([prompt], SamplingParams(max_tokens=6, seed=5, ignore_eos=True,
                                                         n=3))[0] for _ in range(2)]
+        unseeded = llm.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True, n=3))[0]
     finally:
         llm.close()
     assert choices(group) == choices(single) * 3
     assert choices(seeded[0]) == choices(seeded[1])
     assert len({tuple(t) for t in choices(seeded[0])}) > 1
+    # Without a seed every sample draws its own noise (6 tokens alike by chance: never).
+    assert len({tuple(t) for t in choices(unseeded)}) == 3
 
 
 def test_the_samples_share_one_length_prediction():
