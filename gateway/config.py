@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from lenserve_contract.sampling_params import MAX_N
+
 log = logging.getLogger(__name__)
 
 API_KEY_ENV = "LENSERVE_API_KEY"
@@ -29,6 +31,7 @@ class GatewayConfig:
     retry_after_s: int = 1
     max_concurrency: int | None = None      # open requests beyond it get 503 before any parsing
     stats_interval_s: float = 0.05          # how stale the admission check's queue length may be
+    max_n: int = 16                         # the largest n (samples per request) accepted
 
     def __post_init__(self) -> None:
         positive = ("max_body_bytes", "max_prompt_len", "max_tokens_limit", "default_max_tokens",
@@ -40,6 +43,8 @@ class GatewayConfig:
             raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
         if self.max_waiting is not None and self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if not 1 <= self.max_n <= MAX_N:
+            raise ValueError(f"max_n must be in [1, {MAX_N}], got {self.max_n}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
 
@@ -60,6 +65,9 @@ def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompt-len", type=int, default=GatewayConfig.max_prompt_len,
                    help="characters of a text prompt or number of prompt token ids")
     p.add_argument("--max-tokens-limit", type=int, default=GatewayConfig.max_tokens_limit)
+    p.add_argument("--max-n", type=int, default=GatewayConfig.max_n,
+                   help=f"the largest n (parallel samples of one prompt) a request may ask "
+                        f"for, at most {MAX_N}; above it a 400")
     p.add_argument("--max-waiting", type=int, default=None,
                    help="answer 429 once this many requests wait for admission (default: no bound)")
     p.add_argument("--max-concurrency", type=int, default=None,
@@ -87,7 +95,7 @@ def gateway_config(args: argparse.Namespace, environ: Mapping[str, str] | None =
         api_keys=read_api_keys(args, environ), max_body_bytes=args.max_body_bytes,
         max_prompt_len=args.max_prompt_len, max_tokens_limit=args.max_tokens_limit,
         max_waiting=args.max_waiting, retry_after_s=args.retry_after,
-        max_concurrency=args.max_concurrency)
+        max_concurrency=args.max_concurrency, max_n=args.max_n)
     if config.is_open and not is_loopback(config.host):
         log.warning("the API is open (no API key) and bound to %s, beyond loopback", config.host)
     return config

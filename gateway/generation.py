@@ -1,5 +1,7 @@
-"""One request in flight: its stream from the scheduler, the token counts for ``usage``, the
-latencies for the metrics, and the abort when the client goes away first."""
+"""One request in flight: its stream from the scheduler, the token counts for ``usage`` (the
+prompt once, every choice's output), the latencies for the metrics, and the abort when the
+client goes away first. A request with ``n > 1`` has n choices, each output naming those that
+changed by their ``index``."""
 from __future__ import annotations
 
 import asyncio
@@ -7,6 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import NamedTuple
 
 from gateway.errors import APIError, invalid
 from gateway.failures import GenerationFailed, failure
@@ -17,6 +20,15 @@ from lenserve_contract.outputs import RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+
+
+class Delta(NamedTuple):
+    """What one output added to one choice."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: list | None
 # Detached aborts, referenced until done (the loop keeps only weak references to tasks).
 _ABORTS: set[asyncio.Task] = set()
 
@@ -29,11 +41,10 @@ class Generation:
         self.first: RequestOutput | None = None
         self.first_token_at: float | None = None
         self.num_prompt = self.num_output = 0
-        self.finish_reason: str | None = None
+        self.finish_reasons: dict[int, str] = {}     # choice index -> why it ended
         self.prediction_source: str | None = None
         self.finished = False
-        self.logprobs: list | None = None      # every token's, when the request asked
-        self.delta_logprobs: list | None = None    # those of the output just taken
+        self.logprobs: dict[int, list] = {}     # choice index -> every token's, when asked
 
     @classmethod
     async def start(cls, backend, metrics: GatewayMetrics, prompt: Prompt,
@@ -54,8 +65,8 @@ class Generation:
             raise failure(exc, gen.request_id) from None
         return gen
 
-    async def deltas(self) -> AsyncIterator[tuple[str, str | None]]:
-        """(new text, finish reason or None) per output, until the request finishes."""
+    async def deltas(self) -> AsyncIterator[list[Delta]]:
+        """Per output, the deltas of its choices, until the request finishes."""
         try:
             out, self.first = self.first, None
             while True:
@@ -67,30 +78,39 @@ class Generation:
             if not self.finished:
                 self._abort_detached()
 
-    def _take(self, out: RequestOutput) -> tuple[str, str | None]:
-        completion = out.outputs[0]
-        self.delta_logprobs = completion.logprobs
-        if completion.logprobs is not None:
-            if self.logprobs is None:
-                self.logprobs = []
-            self.logprobs.extend(completion.logprobs)
-        if completion.token_ids and self.first_token_at is None:
-            self.first_token_at = time.monotonic()
+    def _take(self, out: RequestOutput) -> list[Delta]:
+        deltas = []
+        for c in out.outputs:
+            if c.logprobs is not None:
+                self.logprobs.setdefault(c.index, []).extend(c.logprobs)
+            if c.token_ids and self.first_token_at is None:
+                self.first_token_at = time.monotonic()
+            self.num_output += len(c.token_ids)
+            # A choice that ends says why; on the request's last output, one that does not
+            # ended normally.
+            reason = c.finish_reason or ("stop" if out.finished else None)
+            if reason is not None:
+                self.finish_reasons.setdefault(c.index, reason)
+            deltas.append(Delta(c.index, c.text, reason, c.logprobs))
         self.num_prompt = len(out.prompt_token_ids)
-        self.num_output += len(completion.token_ids)
         if out.metrics is not None and out.metrics.prediction_source:
             self.prediction_source = out.metrics.prediction_source
         if out.finished:
-            self._finish(out, completion.finish_reason or "stop")
-        return completion.text, self.finish_reason
+            self._finish(out)
+        return deltas
 
-    def _finish(self, out: RequestOutput, reason: str) -> None:
-        self.finished, self.finish_reason = True, reason
+    @property
+    def finish_reason(self) -> str | None:
+        """The first choice's (``n = 1``: the request's)."""
+        return self.finish_reasons.get(0)
+
+    def _finish(self, out: RequestOutput) -> None:
+        self.finished = True
         now = time.monotonic()
         ttft = None if self.first_token_at is None else self.first_token_at - self.started
         self.metrics.finished(ttft, now - self.started, self.num_prompt, self.num_output,
                               self.prediction_source)
-        if reason == "error":
+        if "error" in self.finish_reasons.values() or (out.error and not out.outputs):
             raise GenerationFailed(out.error or "generation failed")
 
     def usage(self) -> dict:

@@ -2,7 +2,7 @@
 really return, each error in OpenAI's shape, SSE next to JSON where ``stream`` is allowed,
 Prometheus text for ``/metrics``. FastAPI's default 422 is dropped: a body that does not
 validate is a 400 here, as with OpenAI. The request bodies carry this gateway's limits
-(``max_tokens``, prompt length) besides the fixed ones of ``gateway.protocol``."""
+(``max_tokens``, ``n``, prompt length) besides the fixed ones of ``gateway.protocol``."""
 from __future__ import annotations
 
 from pydantic import BaseModel
@@ -88,6 +88,7 @@ def require_bearer(schema: dict) -> None:
 def state_limits(properties: dict, config) -> None:
     for name in ("max_tokens", "max_completion_tokens"):
         properties[name]["maximum"] = config.max_tokens_limit
+    properties["n"]["maximum"] = config.max_n
     for branch in properties.get("prompt", {}).get("anyOf", ()):
         if branch.get("type") == "string":
             branch["maxLength"] = config.max_prompt_len

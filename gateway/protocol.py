@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lenserve_contract.sampling_params import MAX_N
+
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
@@ -88,7 +90,7 @@ class SamplingFields(BaseModel):
     stop: str | list[str] | None = documented(
         minLength=1, maxLength=256, maxItems=16, items={"minLength": 1, "maxLength": 256})
     ignore_eos: bool = False
-    n: Int64 = documented(1, minimum=1, maximum=1)
+    n: Int64 = documented(1, minimum=1, maximum=MAX_N)     # and at most the server's --max-n
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: Finite | None = documented(minimum=-2, maximum=2)

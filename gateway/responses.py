@@ -71,7 +71,9 @@ async def client_left(receive: Receive) -> None:
 
 
 class CompletionShape:
-    """``text_completion`` objects; subclasses change the choice layout."""
+    """``text_completion`` objects; subclasses change the choice layout. A request with
+    ``n > 1`` has a choice per ``index``: whole, all of them; streamed, a chunk per choice
+    that changed."""
 
     prefix, object, chunk_object = "cmpl", "text_completion", "text_completion"
 
@@ -79,36 +81,42 @@ class CompletionShape:
         self.model, self.id, self.created = model, request_id, int(time.time())
         self._frame: tuple[bytes, ...] | None = None
         self.names = names or TokenNames()
-        self._offset = 0        # characters of the tokens whose logprobs were sent
+        # Per choice, characters of the tokens whose logprobs were sent.
+        self._offsets: dict[int, int] = {}
 
-    def logprobs(self, entries: list | None):
+    def logprobs(self, entries: list | None, index: int = 0):
         if entries is None:
             return None
-        out = completion_logprobs(entries, self.names, self._offset)
+        out = completion_logprobs(entries, self.names, self._offsets.get(index, 0))
         if out["tokens"]:
-            self._offset = out["text_offset"][-1] + len(out["tokens"][-1])
+            self._offsets[index] = out["text_offset"][-1] + len(out["tokens"][-1])
         return out
 
     def envelope(self, obj: str, choices: list, usage: dict | None) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": choices, "usage": usage}
 
-    def full(self, text: str, finish_reason: str | None, usage: dict,
-             logprobs: list | None = None) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": self.logprobs(logprobs),
-                  "finish_reason": finish_reason}
-        return self.envelope(self.object, [choice], usage)
+    def full(self, choices: list, usage: dict) -> dict:
+        """``choices``: (index, whole text, finish reason, every logprob or None) each."""
+        return self.envelope(self.object, [self.choice(*c) for c in choices], usage)
 
-    def chunk(self, text: str, finish_reason: str | None, logprobs: list | None = None) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": self.logprobs(logprobs),
-                  "finish_reason": finish_reason}
-        return self.envelope(self.chunk_object, [choice], None)
+    def choice(self, index: int, text: str, finish_reason: str | None,
+               logprobs: list | None) -> dict:
+        return {"index": index, "text": text, "logprobs": self.logprobs(logprobs, index),
+                "finish_reason": finish_reason}
 
-    def event(self, text: str, finish_reason: str | None, logprobs: list | None = None) -> bytes:
-        """``sse(self.chunk(text, finish_reason, logprobs))``, with the envelope encoded once
-        per request: only the text and the finish reason are encoded per token."""
-        if logprobs is not None:
-            return sse(self.chunk(text, finish_reason, logprobs))
+    def chunk(self, text: str, finish_reason: str | None, logprobs: list | None = None,
+              index: int = 0) -> dict:
+        return self.envelope(self.chunk_object,
+                             [self.choice(index, text, finish_reason, logprobs)], None)
+
+    def event(self, text: str, finish_reason: str | None, logprobs: list | None = None,
+              index: int = 0) -> bytes:
+        """``sse(self.chunk(text, finish_reason, logprobs, index))``, with the envelope
+        encoded once per request: only the text and the finish reason are encoded per token
+        (of choice 0: another choice, or logprobs, encode the whole chunk)."""
+        if logprobs is not None or index:
+            return sse(self.chunk(text, finish_reason, logprobs, index))
         if self._frame is None:
             framed = sse(self.chunk(_TEXT_MARK, _REASON_MARK))
             text_mark, reason_mark = _encode(_TEXT_MARK).encode(), _encode(_REASON_MARK).encode()
@@ -122,7 +130,7 @@ class CompletionShape:
         return b"".join((head, _encode(text).encode(), middle,
                          _encode(finish_reason).encode(), tail))
 
-    def opening(self) -> dict | None:
+    def opening(self, n: int = 1) -> dict | None:
         return None
 
     def usage_chunk(self, usage: dict) -> dict:
@@ -131,49 +139,65 @@ class CompletionShape:
 
 class ChatShape(CompletionShape):
     prefix, object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
-    tool_parser = None      # a ``gateway.tools.ToolCallParser`` when the request has tools
+    tool_plan = None      # a ``gateway.tools.ToolPlan`` when the request has tools
 
-    def logprobs(self, entries: list | None):
+    def __init__(self, model: str, request_id: str, names: TokenNames | None = None):
+        super().__init__(model, request_id, names)
+        self._tool_parsers: dict = {}   # per choice index, with tools
+
+    def logprobs(self, entries: list | None, index: int = 0):
         return None if entries is None else chat_logprobs(entries, self.names)
 
-    def full(self, text: str, finish_reason: str | None, usage: dict,
-             logprobs: list | None = None) -> dict:
+    def choice(self, index: int, text: str, finish_reason: str | None,
+               logprobs: list | None) -> dict:
         message = {"role": "assistant", "content": text}
-        if self.tool_parser is not None:
-            head = self.tool_parser.feed(text)
-            rest, calls = self.tool_parser.finish()
+        parser = self._tool_parser(index)
+        if parser is not None:
+            head = parser.feed(text)
+            rest, calls = parser.finish()
             message["content"] = (head + rest) or (None if calls else "")
             if calls:
                 message["tool_calls"], finish_reason = calls, "tool_calls"
-        choice = {"index": 0, "message": message, "logprobs": self.logprobs(logprobs),
-                  "finish_reason": finish_reason}
-        return self.envelope(self.object, [choice], usage)
+        return {"index": index, "message": message, "logprobs": self.logprobs(logprobs),
+                "finish_reason": finish_reason}
 
     def chunk(self, text: str, finish_reason: str | None, logprobs: list | None = None,
-              tool_calls: list | None = None) -> dict:
+              index: int = 0, tool_calls: list | None = None) -> dict:
         delta = {"content": text} if text else {}
         if tool_calls:
             delta["tool_calls"] = tool_calls
-        choice = {"index": 0, "delta": delta, "logprobs": self.logprobs(logprobs),
+        choice = {"index": index, "delta": delta, "logprobs": self.logprobs(logprobs),
                   "finish_reason": finish_reason}
         return self.envelope(self.chunk_object, [choice], None)
 
-    def event(self, text: str, finish_reason: str | None, logprobs: list | None = None) -> bytes:
-        parser = self.tool_parser
+    def event(self, text: str, finish_reason: str | None, logprobs: list | None = None,
+              index: int = 0) -> bytes:
+        parser = self._tool_parser(index)
         if parser is None:
-            return super().event(text, finish_reason, logprobs)
+            return super().event(text, finish_reason, logprobs, index)
         content = parser.feed(text)
         if finish_reason is None:
-            return sse(self.chunk(content, None, logprobs)) if content or logprobs else b""
+            return (sse(self.chunk(content, None, logprobs, index)) if content or logprobs
+                    else b"")
         rest, calls = parser.finish()
         text = content + rest
-        events = [sse(self.chunk(text, None, logprobs))] if text or logprobs else []
-        events += [sse(self.chunk("", None, None, [{"index": i, **call}]))
+        events = [sse(self.chunk(text, None, logprobs, index))] if text or logprobs else []
+        events += [sse(self.chunk("", None, None, index, [{"index": i, **call}]))
                    for i, call in enumerate(calls)]
-        events.append(sse(self.chunk("", "tool_calls" if calls else finish_reason)))
+        events.append(sse(self.chunk("", "tool_calls" if calls else finish_reason, None, index)))
         return b"".join(events)
 
-    def opening(self) -> dict:
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                  "finish_reason": None}
-        return self.envelope(self.chunk_object, [choice], None)
+    def _tool_parser(self, index: int):
+        """The choice's ``gateway.tools.ToolCallParser`` (one per choice), or None without
+        tools."""
+        if self.tool_plan is None:
+            return None
+        if index not in self._tool_parsers:
+            self._tool_parsers[index] = self.tool_plan.parser()
+        return self._tool_parsers[index]
+
+    def opening(self, n: int = 1) -> dict:
+        """The role, for every choice."""
+        choices = [{"index": i, "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None, "finish_reason": None} for i in range(n)]
+        return self.envelope(self.chunk_object, choices, None)

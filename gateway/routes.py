@@ -71,7 +71,8 @@ async def serve(request: Request, body: SamplingFields, prompt: Prompt, shape_cl
     endpoint = request.url.path
     try:
         check_model(body, config.served_model_name)
-        params = sampling_params(body, default_max_tokens, config.max_tokens_limit)
+        params = sampling_params(body, default_max_tokens, config.max_tokens_limit,
+                                 config.max_n)
         if not state.admission.admit():
             state.metrics.rejected.labels("queue_full").inc()
             raise APIError(429, "the scheduler's queue is full; retry later", code="queue_full",
@@ -83,13 +84,13 @@ async def serve(request: Request, body: SamplingFields, prompt: Prompt, shape_cl
         raise
     shape = shape_cls(config.served_model_name, gen.request_id, state.token_names)
     if tool_plan is not None:
-        shape.tool_parser = tool_plan.parser()
+        shape.tool_plan = tool_plan
     state.metrics.requests.labels(endpoint, "200").inc()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return EventStream(stream(gen, shape, include_usage),
+        return EventStream(stream(gen, shape, include_usage, params.n),
                            headers={"Cache-Control": "no-cache"})
-    return await whole(gen, shape, request)
+    return await whole(gen, shape, request, params.n)
 
 
 def check_model(body: SamplingFields, served: str) -> None:
@@ -98,7 +99,8 @@ def check_model(body: SamplingFields, served: str) -> None:
                             f"{served!r}", "model", "model_not_found")
 
 
-async def whole(gen: Generation, shape: CompletionShape, request: Request) -> Response:
+async def whole(gen: Generation, shape: CompletionShape, request: Request,
+                n: int = 1) -> Response:
     """The whole answer, or nothing if the client leaves first: the server does not cancel a
     handler whose client went away, so the disconnect is watched here and ends the request
     upstream (``Generation.deltas`` aborts a request dropped before its end)."""
@@ -115,24 +117,30 @@ async def whole(gen: Generation, shape: CompletionShape, request: Request) -> Re
         parts = collect.result()
     except Exception as exc:  # noqa: BLE001 - the scheduler failed mid-request
         raise failure(exc, gen.request_id) from None
-    return JSONResponse(shape.full("".join(parts), gen.finish_reason, gen.usage(),
-                                   gen.logprobs))
+    choices = [(i, "".join(parts.get(i, ())), gen.finish_reasons.get(i, "stop"),
+                gen.logprobs.get(i)) for i in range(n)]
+    return JSONResponse(shape.full(choices, gen.usage()))
 
 
-async def _collect(gen: Generation) -> list[str]:
-    return [text async for text, _ in gen.deltas()]
+async def _collect(gen: Generation) -> dict[int, list[str]]:
+    parts: dict[int, list[str]] = {}
+    async for deltas in gen.deltas():
+        for d in deltas:
+            parts.setdefault(d.index, []).append(d.text)
+    return parts
 
 
-async def stream(gen: Generation, shape: CompletionShape, include_usage: bool):
-    opening = shape.opening()
+async def stream(gen: Generation, shape: CompletionShape, include_usage: bool, n: int):
+    opening = shape.opening(n)
     if opening is not None:
         yield sse(opening)
     try:
-        async for text, finish_reason in gen.deltas():
-            if text or finish_reason or gen.delta_logprobs:
-                event = shape.event(text, finish_reason, gen.delta_logprobs)
-                if event:       # text held back (a tool call may be starting) sends nothing
-                    yield event
+        async for deltas in gen.deltas():
+            for d in deltas:
+                if d.text or d.finish_reason or d.logprobs:
+                    event = shape.event(d.text, d.finish_reason, d.logprobs, d.index)
+                    if event:   # text held back (a tool call may be starting) sends nothing
+                        yield event
     except Exception as exc:  # noqa: BLE001 - headers are gone; say it in the stream
         err = failure(exc, gen.request_id)
         yield sse(error_body(err.status, err.message, code=err.code))

@@ -33,8 +33,6 @@ def bad(param: str, message: str) -> APIError:
 
 def refuse_unsupported(req: SamplingFields) -> None:
     """Fields whose non-neutral values lenserve does not implement: refused, not ignored."""
-    if req.n != 1:
-        raise bad("n", "only n=1 is supported; send one request per sample")
     if isinstance(req, CompletionRequest):
         if req.echo or req.suffix:
             raise bad("echo" if req.echo else "suffix", "not supported")
@@ -121,8 +119,11 @@ def stop_strings(stop: str | list[str] | None) -> list[str]:
     return stops
 
 
-def sampling_params(req: SamplingFields, default_max_tokens: int, limit: int) -> SamplingParams:
+def sampling_params(req: SamplingFields, default_max_tokens: int, limit: int,
+                    max_n: int = 1) -> SamplingParams:
     refuse_unsupported(req)
+    if not 1 <= req.n <= max_n:
+        raise bad("n", f"must be in [1, {max_n}] (this server's --max-n), got {req.n}")
     n = max_tokens(req, default_max_tokens, limit)
     if not 0 <= req.min_tokens <= n:
         raise bad("min_tokens", f"must be in [0, max_tokens={n}], got {req.min_tokens}")
@@ -146,7 +147,7 @@ def sampling_params(req: SamplingFields, default_max_tokens: int, limit: int) ->
             repetition_penalty=_range(req, "repetition_penalty", 0, 2, 1.0, low_open=True),
             logit_bias=logit_bias(req), structured_output=structured_output(req),
             truncate_prompt_tokens=req.truncate_prompt_tokens,
-            cap_max_tokens=req.cap_max_tokens or defaulted)
+            cap_max_tokens=req.cap_max_tokens or defaulted, n=req.n)
     except InvalidRequestError as exc:
         raise APIError(400, str(exc), exc.field or None, exc.code) from None
 

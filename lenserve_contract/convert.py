@@ -19,6 +19,8 @@ def sampling_params_to_proto(params: SamplingParams) -> common_pb2.SamplingParam
         value = getattr(params, name)
         if value is not None:
             setattr(msg, name, value)
+    if params.n != 1:
+        msg.n = params.n
     if not params.plain:
         for name in _PLAIN:
             setattr(msg, name, getattr(params, name))
@@ -35,6 +37,8 @@ def sampling_params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams
     InvalidRequestError (from ``SamplingParams.verify``)."""
     kwargs = {name: getattr(msg, name) for name in _OPTIONAL if msg.HasField(name)}
     kwargs.update({name: getattr(msg, name) for name in _PLAIN})
+    if msg.HasField("n"):
+        kwargs["n"] = msg.n
     if msg.logit_bias:
         kwargs["logit_bias"] = dict(msg.logit_bias)
     if msg.HasField("structured_output"):

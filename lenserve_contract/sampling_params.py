@@ -11,18 +11,23 @@ refused (as vLLM does) unless the request opts into one of two truncations:
 ``truncate_prompt_tokens`` keeps only the prompt's last tokens (``k > 0``: at most ``k``, as
 vLLM; ``-1``: as many as leave room for ``max_tokens``), ``cap_max_tokens`` lowers
 ``max_tokens`` to what fits beside the prompt (the output then ends with ``length`` at the
-context limit)."""
+context limit).
+
+``n`` (parallel sampling) asks for that many independent samples of one prompt: the engine
+prefills the prompt once and runs ``n`` sequences on its shared KV blocks (at most
+``MAX_N``; a front may bound it lower)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from lenserve_contract.errors import InvalidRequestError
 
-__all__ = ["MAX_LOGPROBS", "InvalidRequestError", "SamplingParams", "StructuredOutput"]
+__all__ = ["MAX_LOGPROBS", "MAX_N", "InvalidRequestError", "SamplingParams", "StructuredOutput"]
 
 MAX_LOGPROBS = 20          # as vLLM's default max_logprobs and OpenAI's top_logprobs limit
 MAX_LOGIT_BIAS = 100.0     # OpenAI's range for a logit_bias value
 MAX_PENALTY = 2.0          # OpenAI's range for presence / frequency penalties
+MAX_N = 128                # samples per request (OpenAI's limit for chat completions)
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,7 @@ class SamplingParams:
     structured_output: StructuredOutput | None = None
     truncate_prompt_tokens: int | None = None
     cap_max_tokens: bool = False
+    n: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -98,7 +104,7 @@ class SamplingParams:
                 and 0.0 < self.top_p <= 1.0 and 0 <= self.min_tokens <= self.max_tokens
                 and self.max_tokens >= 1 and all(isinstance(s, str) and s for s in self.stop)
                 and (self.detokenize or not self.stop) and self.plain
-                and self.truncate_prompt_tokens is None):
+                and self.truncate_prompt_tokens is None and self.n == 1):
             return
         for ok, name, why in self._checks():
             if not ok:
@@ -125,6 +131,8 @@ class SamplingParams:
             (0.0 < self.repetition_penalty <= MAX_PENALTY, "repetition_penalty",
              f"must be in (0, 2], got {self.repetition_penalty}"),
             *self._bias_checks(),
+            (isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n",
+             f"must be an integer in [1, {MAX_N}], got {self.n!r}"),
             (trunc is None or trunc == -1 or trunc >= 1, "truncate_prompt_tokens",
              f"must be -1 (fit the context) or >= 1, got {trunc}"),
         ]

@@ -51,7 +51,7 @@ PREDICTION_SOURCE_DEFAULT: PredictionSource
 PREDICTION_SOURCE_ORACLE: PredictionSource
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "detokenize", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logit_bias", "structured_output", "truncate_prompt_tokens", "cap_max_tokens")
+    __slots__ = ("temperature", "top_k", "top_p", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "detokenize", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logit_bias", "structured_output", "truncate_prompt_tokens", "cap_max_tokens", "n")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class SamplingParams(_message.Message):
     STRUCTURED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CAP_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -97,7 +98,8 @@ class SamplingParams(_message.Message):
     structured_output: StructuredOutput
     truncate_prompt_tokens: int
     cap_max_tokens: bool
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., detokenize: _Optional[bool] = ..., logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., truncate_prompt_tokens: _Optional[int] = ..., cap_max_tokens: _Optional[bool] = ...) -> None: ...
+    n: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., detokenize: _Optional[bool] = ..., logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., truncate_prompt_tokens: _Optional[int] = ..., cap_max_tokens: _Optional[bool] = ..., n: _Optional[int] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("kind", "schema")
@@ -152,7 +154,7 @@ class Request(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., slo_deadline_s: _Optional[float] = ..., priority: _Optional[int] = ..., predicted_output_len: _Optional[int] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("request_id", "token_ids", "text", "finished", "finish_reason", "num_prompt_tokens", "num_output_tokens", "error", "prompt_token_ids", "stop_string", "stop_token_id", "prediction_source", "predicted_output_len", "logprobs")
+    __slots__ = ("request_id", "token_ids", "text", "finished", "finish_reason", "num_prompt_tokens", "num_output_tokens", "error", "prompt_token_ids", "stop_string", "stop_token_id", "prediction_source", "predicted_output_len", "logprobs", "index")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +169,7 @@ class TokenChunk(_message.Message):
     PREDICTION_SOURCE_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_OUTPUT_LEN_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
@@ -181,7 +184,8 @@ class TokenChunk(_message.Message):
     prediction_source: PredictionSource
     predicted_output_len: int
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., num_prompt_tokens: _Optional[int] = ..., num_output_tokens: _Optional[int] = ..., error: _Optional[_Union[ErrorDetail, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., prediction_source: _Optional[_Union[PredictionSource, str]] = ..., predicted_output_len: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+    index: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., num_prompt_tokens: _Optional[int] = ..., num_output_tokens: _Optional[int] = ..., error: _Optional[_Union[ErrorDetail, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., prediction_source: _Optional[_Union[PredictionSource, str]] = ..., predicted_output_len: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class Prediction(_message.Message):
     __slots__ = ("length", "source", "top_similarity", "upper_quantile", "error")

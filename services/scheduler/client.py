@@ -5,7 +5,8 @@ against the in-process engine (the REST gateway) runs unchanged over gRPC:
         async for out in client.generate("Hello", SamplingParams(max_tokens=8)):
             print(out.outputs[0].text, end="")
 
-``generate`` yields ``RequestOutput`` deltas (new token ids and text), raises
+``generate`` yields ``RequestOutput`` deltas (new token ids and text; with ``n > 1`` each
+carries one choice, named by its ``index``, and ``finished`` comes on the last), raises
 ``InvalidRequestError`` for a refused request, and aborts the request when the caller stops
 iterating early. ``UNAVAILABLE`` is retried (with backoff) until the stream has produced its
 first output; after that a lost stream is the caller's to handle.
@@ -19,6 +20,7 @@ subscription ends every request on it with the stream's error."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -26,7 +28,7 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 
 from lenserve_contract.errors import InvalidRequestError
-from lenserve_contract.outputs import RequestMetrics, RequestOutput
+from lenserve_contract.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from lenserve_contract.proto import scheduler_pb2, scheduler_pb2_grpc
 from lenserve_contract.sampling_params import SamplingParams
 from services import rpc
@@ -325,11 +327,23 @@ class Client(_Base):
 
     def generate_all(self, prompt: str | None = None,
                      sampling_params: SamplingParams | None = None, **kwargs) -> RequestOutput:
-        """Run one request to the end; the deltas joined into one RequestOutput."""
+        """Run one request to the end; the deltas joined into one RequestOutput (with
+        ``n > 1``, one joined choice per index)."""
         outs = list(self.generate(prompt, sampling_params, **kwargs))
+        joined: dict[int, CompletionOutput] = {}
+        for o in outs:
+            for c in o.outputs:
+                if c.index not in joined:
+                    joined[c.index] = dataclasses.replace(c, token_ids=[], text="",
+                                                          logprobs=None)
+                j = joined[c.index]
+                j.token_ids += c.token_ids
+                j.text += c.text
+                j.finish_reason, j.stop_reason = c.finish_reason, c.stop_reason
+                if c.logprobs is not None:
+                    j.logprobs = (j.logprobs or []) + c.logprobs
         last = outs[-1]
-        last.outputs[0].token_ids = [t for o in outs for t in o.outputs[0].token_ids]
-        last.outputs[0].text = "".join(o.outputs[0].text for o in outs)
+        last.outputs = [joined[i] for i in sorted(joined)]
         return last
 
     def abort(self, request_id: str) -> bool:

@@ -64,13 +64,29 @@ def request_from_pb(msg: common_pb2.Request) -> dict:
 
 
 # -- outputs --------------------------------------------------------------------------------
-def chunk_from_output(out: RequestOutput, num_output_tokens: int,
-                      first: bool) -> common_pb2.TokenChunk:
-    """One delta of a stream; ``num_output_tokens`` is the count so far, this delta included."""
-    c = out.outputs[0]
+def chunks_from_output(out: RequestOutput, counts: dict[int, int],
+                       first: bool) -> list[common_pb2.TokenChunk]:
+    """One chunk per choice of a delta (one for ``n = 1``; each choice of an ``n > 1``
+    request that changed); ``counts`` (choice index -> output tokens sent so far) is updated.
+    Only the request's last chunk is ``finished``."""
+    chunks, last = [], len(out.outputs) - 1
+    for k, c in enumerate(out.outputs):
+        count = counts[c.index] = counts.get(c.index, 0) + len(c.token_ids)
+        chunks.append(chunk_from_output(out, count, first and k == 0, c,
+                                        out.finished and k == last))
+    return chunks
+
+
+def chunk_from_output(out: RequestOutput, num_output_tokens: int, first: bool,
+                      c: CompletionOutput | None = None,
+                      finished: bool | None = None) -> common_pb2.TokenChunk:
+    """One delta of a stream (of choice ``c``, the first by default); ``num_output_tokens``
+    is that choice's count so far, this delta included."""
+    c = c if c is not None else out.outputs[0]
     chunk = common_pb2.TokenChunk(
-        request_id=out.request_id, token_ids=c.token_ids, text=c.text, finished=out.finished,
-        finish_reason=FINISH_TO_PB[c.finish_reason],
+        request_id=out.request_id, token_ids=c.token_ids, text=c.text,
+        finished=out.finished if finished is None else finished,
+        finish_reason=FINISH_TO_PB[c.finish_reason], index=c.index,
         num_prompt_tokens=len(out.prompt_token_ids), num_output_tokens=num_output_tokens,
         prompt_token_ids=out.prompt_token_ids if first else ())
     if c.logprobs:
@@ -116,7 +132,7 @@ def output_from_chunk(chunk: common_pb2.TokenChunk, prompt: str | None,
                       metrics: RequestMetrics | None = None) -> RequestOutput:
     which = chunk.WhichOneof("stop_reason")
     completion = CompletionOutput(
-        index=0, text=chunk.text, token_ids=list(chunk.token_ids),
+        index=chunk.index, text=chunk.text, token_ids=list(chunk.token_ids),
         finish_reason=FINISH_FROM_PB.get(chunk.finish_reason),
         stop_reason=getattr(chunk, which) if which else None,
         logprobs=[logprob_from_proto(e) for e in chunk.logprobs] if chunk.logprobs else None)

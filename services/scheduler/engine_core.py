@@ -26,7 +26,13 @@ from services.scheduler.config import SchedulerConfig
 from services.scheduler.detokenizer import IncrementalDetokenizer
 from services.scheduler.grammar_gate import GrammarGate
 from services.scheduler.output import SchedulerOutput
-from services.scheduler.params_check import check_length, check_params, truncate_prompt
+from services.scheduler.parallel import Group, ParallelGroups, child_id, child_params, shared_tokens
+from services.scheduler.params_check import (
+    check_length,
+    check_params,
+    prompt_tokens,
+    truncate_prompt,
+)
 from services.scheduler.predictions import PredictionPump
 from services.scheduler.profile import StepProfile
 from services.scheduler.request import FinishReason, Request
@@ -34,7 +40,6 @@ from services.scheduler.scheduler import Scheduler, SchedulerStats
 from services.scheduler.streams import disable_streaming, prepare_streams, setup_streaming
 
 logger = logging.getLogger(__name__)
-_INT_TYPE = frozenset({int})
 
 
 class _Stream:
@@ -78,6 +83,7 @@ class EngineCore:
         # per iteration was most of a simulated run's time. It must not change the requests.
         self._execute_scheduled = getattr(executor, "execute_scheduled", None)
         self._streams: dict[str, _Stream] = {}
+        self.groups = ParallelGroups()      # requests with n > 1
         self._swap_outs: list[SwapHandle] = []
         # Swap-ins of requests the iteration does not run (a policy uploading ahead): they
         # copy while it executes and are waited for after it, before the next one.
@@ -113,75 +119,70 @@ class EngineCore:
         params.verify()
         check_params(params, self.model_info.vocab_size, self.tokenizer)
         limit = self.scheduler.config.max_model_len
-        token_ids = truncate_prompt(self._prompt_tokens(prompt, prompt_token_ids), params, limit)
+        token_ids = truncate_prompt(prompt_tokens(prompt, prompt_token_ids, self.tokenizer,
+                                                  self.model_info), params, limit)
         check_length(len(token_ids), params, limit)
         arrival = self.clock() if arrival_time is None else arrival_time
-        request = Request(request_id, token_ids, params, arrival,
-                          eos_token_id=(self.model_info.eos_token_ids
-                                        or self.model_info.eos_token_id),
-                          predicted_output_len=predicted_output_len, priority=priority,
-                          slo_deadline_s=slo_deadline_s)
-        if self.grammar_gate is None:
-            self.scheduler.add_request(request)
-        else:   # held outside the scheduler while its grammar compiles
-            self.grammar_gate.add(self.scheduler, request)
-        detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop)
-        self._streams[request_id] = _Stream(request, prompt, detok, delta)
+        ids = [request_id] if params.n == 1 else [child_id(request_id, i) for i in range(params.n)]
+        taken = self.scheduler.state.requests
+        if self.groups.owns(request_id) or (params.n > 1 and any(
+                r in taken or self.groups.owns(r) for r in (request_id, *ids))):
+            raise InvalidRequestError(f"request id {request_id!r} is already in use",
+                                      field="request_id")
+        requests = [Request(rid, token_ids, params if params.n == 1 else child_params(params, i),
+                            arrival, eos_token_id=(self.model_info.eos_token_ids
+                                                  or self.model_info.eos_token_id),
+                            predicted_output_len=predicted_output_len, priority=priority,
+                            slo_deadline_s=slo_deadline_s) for i, rid in enumerate(ids)]
+        self._enqueue(requests[0])     # may refuse: nothing changed yet
+        if params.n > 1:
+            bm = self.scheduler.block_manager
+            group = Group(request_id, requests, shared_tokens(
+                len(token_ids), bm.block_size, bm.prefix is not None), delta)
+            for child in requests[1:]:
+                if child not in group.held:
+                    self._enqueue(child)
+            self.groups.add(group)
+        for request in requests:
+            detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop)
+            self._streams[request.request_id] = _Stream(request, prompt, detok, delta)
         if predicted_output_len is None and self.predictions is not None:
             text = prompt if prompt is not None else self._decode(token_ids)
-            self.predictions.submit(request_id, PredictQuery(text, params.max_tokens,
-                                                             true_output_len))
+            self.predictions.submit(ids[0], PredictQuery(text, params.max_tokens,
+                                                         true_output_len))
 
     def _decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def _prompt_tokens(self, prompt: str | None, prompt_token_ids: list[int] | None) -> list[int]:
-        if prompt_token_ids is None:
-            if prompt is None:
-                raise InvalidRequestError("either prompt or prompt_token_ids is required", field="prompt")
-            if not isinstance(prompt, str):
-                raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}",
-                                          field="prompt")
-            if not prompt:
-                raise InvalidRequestError("prompt is empty", field="prompt")
-            if self.tokenizer is None:
-                raise InvalidRequestError("this engine has no tokenizer; pass prompt_token_ids",
-                                          field="prompt")
-            return self._encode(prompt)
-        vocab = self.model_info.vocab_size
-        if prompt_token_ids and set(map(type, prompt_token_ids)) <= _INT_TYPE and (
-                0 <= min(prompt_token_ids) and max(prompt_token_ids) < vocab):
-            return list(prompt_token_ids)   # the common case, checked without a Python loop
-        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(f"prompt_token_ids must be ints in [0, {vocab}); got {bad[0]!r}",
-                                      field="prompt_token_ids")
-        return list(prompt_token_ids)
-
-    def _encode(self, prompt: str) -> list[int]:
-        ids = list(self.tokenizer.encode(prompt))
-        # WordPiece tokenizers close a text with [SEP], which is also such a model's EOS; a
-        # prompt that already ends in EOS asks the model to continue past the end.
-        if len(ids) > 1 and ids[-1] == self.model_info.eos_token_id:
-            ids.pop()
-        return ids
-
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        """Abort a request; returns its final output, or None if it is unknown or finished."""
-        if self.grammar_gate is not None:
-            self.grammar_gate.remove_into(self.scheduler, request_id)
+        """Abort a request (with ``n > 1``: every sample of it); returns its final output, or
+        None if it is unknown or finished."""
+        group = self.groups.by_parent.get(request_id)
+        if group is not None:
+            self.groups.release_ready(self._enqueue, everything_of=request_id)
+        ids = [request_id] if group is None else [c.request_id for c in group.children]
+        if self.grammar_gate is not None:     # held while compiling: queue it to abort it
+            for rid in ids:
+                self.grammar_gate.remove_into(self.scheduler, rid)
+        if group is not None:
+            outs = [self._make_output(r) for r in map(self.scheduler.abort_request, ids)
+                    if r is not None]
+            merged = self.groups.merge(outs)
+            return merged[0] if merged else None
         request = self.scheduler.abort_request(request_id)
         if request is None:
             return None
         return self._make_output(request)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self.grammar_gate)
+        return (self.scheduler.has_unfinished_requests() or self.groups.num_held > 0
+                or bool(self.grammar_gate))
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.scheduler.state.requests) + len(self.grammar_gate or ())
+        return (len(self.scheduler.state.requests) + self.groups.num_held
+                + len(self.grammar_gate or ()))
 
     def stats(self) -> SchedulerStats:
         stats = dataclasses.replace(self.scheduler.stats(), num_upload_waits=self.num_upload_waits,
@@ -192,12 +193,25 @@ class EngineCore:
 
     # -- the loop ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one iteration. Returns outputs for requests that got tokens or finished."""
+        """Run one iteration. Returns outputs for requests that got tokens or finished (one
+        per request: the samples of an ``n > 1`` request merged into it)."""
+        outputs = []
+        if self.grammar_gate is not None:
+            outputs = [f for f in (self._fail_request(r.request_id, why) for r, why
+                                   in self.grammar_gate.release_into(self.scheduler))
+                       if f is not None]
+        outputs += self._step()
+        if self.groups.by_parent:
+            outputs = self.groups.merge(outputs)
+            self.groups.release_ready(self._enqueue)
+        return outputs
+
+    def _enqueue(self, request: Request) -> None:
+        """Queue ``request`` in the scheduler, or hold it while its grammar compiles."""
         if self.grammar_gate is None:
-            return self._step()
-        failed = [self._fail_request(r.request_id, why)
-                  for r, why in self.grammar_gate.release_into(self.scheduler)]
-        return [f for f in failed if f is not None] + self._step()
+            self.scheduler.add_request(request)
+        else:
+            self.grammar_gate.add(self.scheduler, request)
 
     def _step(self) -> list[RequestOutput]:
         scheduler = self.scheduler
@@ -273,6 +287,11 @@ class EngineCore:
         for rid, prediction in self.predictions.drain():
             if gate is None or not gate.hold_prediction(rid, prediction):
                 self.scheduler.set_prediction(rid, prediction)
+            for child in self.groups.siblings(rid):     # one prediction for all n samples
+                if gate is not None and gate.hold_prediction(child.request_id, prediction):
+                    continue
+                if self.scheduler.set_prediction(child.request_id, prediction) is None:
+                    child.prediction = prediction
 
     def _start_swaps(self, out: SchedulerOutput) -> list[RequestOutput]:
         """Swap-outs start and run on while the iteration executes (their device blocks stay

@@ -49,3 +49,43 @@ def check_length(num_prompt_tokens: int, params: SamplingParams, max_model_len: 
             f"{n + params.max_tokens}: lower max_tokens, or opt into truncation "
             "(truncate_prompt_tokens keeps the prompt's last tokens; cap_max_tokens "
             "generates up to the context)", field="max_tokens", code="context_length_exceeded")
+
+
+_INT_TYPE = frozenset({int})
+
+
+def prompt_tokens(prompt: str | None, prompt_token_ids: list[int] | None, tokenizer,
+                  model_info) -> list[int]:
+    """The request's prompt as token ids (tokenized when given as text), checked against the
+    vocabulary."""
+    if prompt_token_ids is None:
+        if prompt is None:
+            raise InvalidRequestError("either prompt or prompt_token_ids is required",
+                                      field="prompt")
+        if not isinstance(prompt, str):
+            raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}",
+                                      field="prompt")
+        if not prompt:
+            raise InvalidRequestError("prompt is empty", field="prompt")
+        if tokenizer is None:
+            raise InvalidRequestError("this engine has no tokenizer; pass prompt_token_ids",
+                                      field="prompt")
+        return encode(prompt, tokenizer, model_info.eos_token_id)
+    vocab = model_info.vocab_size
+    if prompt_token_ids and set(map(type, prompt_token_ids)) <= _INT_TYPE and (
+            0 <= min(prompt_token_ids) and max(prompt_token_ids) < vocab):
+        return list(prompt_token_ids)   # the common case, checked without a Python loop
+    bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+    if bad:
+        raise InvalidRequestError(f"prompt_token_ids must be ints in [0, {vocab}); "
+                                  f"got {bad[0]!r}", field="prompt_token_ids")
+    return list(prompt_token_ids)
+
+
+def encode(prompt: str, tokenizer, eos_token_id: int | None) -> list[int]:
+    ids = list(tokenizer.encode(prompt))
+    # WordPiece tokenizers close a text with [SEP], which is also such a model's EOS; a
+    # prompt that already ends in EOS asks the model to continue past the end.
+    if len(ids) > 1 and ids[-1] == eos_token_id:
+        ids.pop()
+    return ids

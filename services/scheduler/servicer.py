@@ -35,10 +35,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def Generate(self, request, context):
         try:
             stream = self.engine.generate(**convert.request_from_pb(request))
-            num_output_tokens, first = 0, True
+            counts, first = {}, True
             async for out in stream:
-                num_output_tokens += len(out.outputs[0].token_ids)
-                yield convert.chunk_from_output(out, num_output_tokens, first)
+                for chunk in convert.chunks_from_output(out, counts, first):
+                    yield chunk
                 first = False
         except InvalidRequestError as exc:
             await _abort_invalid(context, str(exc), exc.field)
@@ -110,26 +110,25 @@ async def _abort_invalid(context, message: str, field: str) -> None:
 
 class _Subscription:
     """One client's multiplexed stream: its step queue and, per running request, the output
-    tokens sent so far (None before its first chunk; a request runs on it from Submit to its
-    final chunk)."""
+    tokens sent so far per choice (None before its first chunk; a request runs on it from
+    Submit to its final chunk)."""
 
     def __init__(self):
         self.queue = StepQueue()
-        self.counts: dict[str, int | None] = {}
+        self.counts: dict[str, dict[int, int] | None] = {}
 
     def chunks(self, step: list) -> list:
         chunks = []
         for request_id, item in step:
-            first = self.counts.get(request_id, 0) is None
+            counts = self.counts.get(request_id, {})
             if isinstance(item, BaseException):       # the engine stopped
-                chunk = convert.error_chunk(request_id, str(item))
+                new = [convert.error_chunk(request_id, str(item))]
             else:
-                count = (self.counts.get(request_id) or 0) + len(item.outputs[0].token_ids)
-                self.counts[request_id] = count
-                chunk = convert.chunk_from_output(item, count, first)
-            if chunk.finished:
+                self.counts[request_id] = sent = counts if counts is not None else {}
+                new = convert.chunks_from_output(item, sent, counts is None)
+            if new and new[-1].finished:
                 self.counts.pop(request_id, None)
-            chunks.append(chunk)
+            chunks += new
         return chunks
 
 

@@ -424,3 +424,19 @@ def test_alise_paper_quick_publishes_its_section(tmp_path, monkeypatch):
     assert {r["policy"] for r in data["fig6"]} == {"orca", "vllm-v0", "vllm", "alise", "oracle"}
     assert {r["policy"] for r in data["fig8"]} == {"ALISE (swap)", "Recompute", "Defer"}
     assert "1.94" in text and "120.0" in text
+
+
+def test_parallel_sampling_quick_runs_end_to_end(tmp_path):
+    from benchmarks import parallel_sampling
+    assert parallel_sampling.main(["--quick", "--docs", str(tmp_path),
+                                   "--raw", str(tmp_path / "raw")]) == 0
+    data = json.loads((tmp_path / "results" / "parallel_sampling.json").read_text())
+    params = data["params"]
+    for r in data["result"]["rounds"]:
+        # The prompt's full blocks once, then each sample's last partial block; four requests
+        # each compute the whole prompt.
+        shared = (params["prompt_len"] - 1) // 16 * 16
+        assert r["n=4"]["prefill_tokens"] == (params["prompt_len"]
+                                              + 3 * (params["prompt_len"] - shared))
+        assert r["4 x n=1"]["prefill_tokens"] == 4 * params["prompt_len"]
+    assert "parallel_sampling" in page.section_names((tmp_path / "results.md").read_text())

@@ -55,7 +55,9 @@ def test_oversize_chunked_body_is_413(live):
     ({"prompt": "x", "max_tokens": 100_000}, "max_tokens"),
     ({"prompt": "x", "temperature": -1}, "temperature"),
     ({"prompt": "x", "top_p": 0}, "top_p"),
-    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "n": 17}, "n"),           # above the default --max-n (16)
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": "x", "n": 129}, "n"),          # above any --max-n
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
     ({"prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
@@ -130,8 +132,9 @@ def test_unknown_model_is_404(live):
 
 
 def test_openai_client_raises_bad_request(client):
-    with pytest.raises(openai.BadRequestError, match="n=1"):
-        client.completions.create(model="fake", prompt="x", n=3)
+    with pytest.raises(openai.BadRequestError, match=r"n: must be in \[1, 16\]") as err:
+        client.completions.create(model="fake", prompt="x", n=17)
+    assert err.value.body["param"] == "n"
 
 
 def test_unknown_path_is_404_in_error_shape(live):

@@ -89,7 +89,10 @@ def check(http: httpx.Client, path: str, body) -> None:
     elif resp.headers["content-type"].startswith("text/event-stream"):
         assert raw.endswith("data: [DONE]\n\n") and '"error"' not in raw, (body, raw)
     else:
-        assert json.loads(raw)["usage"]["completion_tokens"] >= 1
+        answer = json.loads(raw)
+        n = body.get("n", 1)
+        assert [c["index"] for c in answer["choices"]] == list(range(n)), (body, raw)
+        assert answer["usage"]["completion_tokens"] >= n
 
 
 @FUZZ

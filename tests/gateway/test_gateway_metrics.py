@@ -26,7 +26,7 @@ def test_metrics_count_requests_and_tokens(live, client):
     before = scrape(live)
     for _ in range(3):
         client.completions.create(model="fake", prompt="count me", max_tokens=4)
-    httpx.post(live.url + "/v1/completions", json={"prompt": "x", "n": 2}, headers=AUTH)
+    httpx.post(live.url + "/v1/completions", json={"prompt": "x", "n": 17}, headers=AUTH)
     after = scrape(live)
 
     def delta(family, name, **labels):

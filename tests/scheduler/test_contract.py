@@ -20,7 +20,7 @@ def full_input() -> ExecutorInput:
                             min_p=0.05, logprobs=3, presence_penalty=0.5, frequency_penalty=-0.5,
                             repetition_penalty=1.5, logit_bias={3: 2.5, 7: -100.0},
                             structured_output=StructuredOutput("json_schema", '{"type": "object"}'),
-                            truncate_prompt_tokens=7, cap_max_tokens=True, detokenize=True)
+                            truncate_prompt_tokens=7, cap_max_tokens=True, detokenize=True, n=3)
     seqs = [ScheduledSequence("a", [1, 2, 3], 0, [4, 5], False, params, 0, False),
             ScheduledSequence("b", [9], 17, [8], True, SamplingParams(detokenize=False), 3,
                               True, [4, 5]),
