@@ -144,6 +144,24 @@ def test_required_calls_one_of_the_tools(client):
         check_weather(call.function.arguments)
 
 
+def test_each_of_n_choices_is_its_own_call_whole_and_streamed(client):
+    kw = dict(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
+              temperature=1.0, seed=5, n=3)
+    whole = chat(client, **kw)
+    assert sorted(c.index for c in whole.choices) == [0, 1, 2]
+    for c in whole.choices:     # a parser per choice: each answer parsed on its own
+        assert c.finish_reason == "tool_calls"
+        (call,) = c.message.tool_calls
+        check_weather(call.function.arguments)
+    chunks = chat(client, True, **kw)
+    for index in range(3):
+        mine = [c for c in chunks if c.choices and c.choices[0].index == index]
+        content, calls, reason = streamed_calls(mine)
+        assert reason == "tool_calls" and content == "" and len(calls) == 1
+        assert (json.loads(calls[0]["arguments"])
+                == json.loads(whole.choices[index].message.tool_calls[0].function.arguments))
+
+
 def test_auto_without_a_call_is_content(client):
     from tests.executor.sampling_models import byte_bpe_tokenizer
     word = byte_bpe_tokenizer().convert_tokens_to_ids("Hello")     # what greedy writes here
