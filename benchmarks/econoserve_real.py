@@ -116,9 +116,11 @@ def table(found: list[dict]) -> list[str]:
                      f"{s[tables.NL] / base:.2f}", f"{s['jct_ms']['mean'] / 1e3:.1f}",
                      f"{s.get('slo_satisfaction_ratio', math.nan):.0%}",
                      f"{s['max_ttft_ms'] / 1e3:.1f}", f"{s.get('num_preemptions', 0):.0f}",
+                     f"{s['num_iterations']:.0f}", f"{s['duration_s'] / s['num_iterations']:.2f}",
                      f"{s['duration_s']:.0f}"])
     return tables.markdown(["sweep (seed)", "policy", "NL (s/token)", "NL x vllm", "mean JCT (s)",
-                            "SSR", "longest wait (s)", "preemptions", "duration (s)"], rows)
+                            "SSR", "longest wait (s)", "preemptions", "iterations",
+                            "s per iteration", "duration (s)"], rows)
 
 
 def plot(path: Path, found: list[dict]) -> None:
@@ -172,7 +174,11 @@ def main(argv: list[str] | None = None) -> int:
             + "; ".join(f"seed {s}: {', '.join(f'`{p}`' for p in o)}" for s, o in orders.items())
             + (f". The simulator at ShareGPT overload (`econoserve_paper`): "
                f"{', '.join(f'`{p}`' for p in sim)}; the same order in {len(agree)} of "
-               f"{len(orders)} sweeps." if sim else "."))
+               f"{len(orders)} sweeps." if sim else ".")
+            + " The iterations a run takes do not depend on the machine's load; the seconds "
+              "per iteration do, and on this CPU they also grow with the tokens in a batch "
+              "(compute-bound), where the simulated A100 decodes a larger batch for nearly "
+              "the same time.")
     section = output.Section(title="EconoServe's ranking on the real engine (measured)",
                              text=text, tables=[("Per sweep and policy", table(found))],
                              figure_alt="normalized latency per policy and sweep, opt-125m")
