@@ -101,7 +101,7 @@ class _Replay:
         self.inflight: dict[str, tuple[BenchRequest, float]] = {}
         self.done: list[RequestRecord] = []
         # Time-weighted KV occupancy: blocks allocated, and tokens actually stored in them.
-        self.kv_weight_s = self.kv_allocated_s = self.kv_used_s = 0.0
+        self.kv_weight_s = self.kv_allocated_s = self.kv_used_s = self.kv_lent_s = 0.0
 
     def submit_due(self) -> None:
         for request, due in self.pending.pop_due(self.clock.now):
@@ -160,6 +160,8 @@ class _Replay:
         self.kv_weight_s += seconds
         self.kv_allocated_s += seconds * (bm.num_blocks - bm.num_free_blocks) / bm.num_blocks
         self.kv_used_s += seconds * min(used / capacity, 1.0)
+        # KV pipelining: blocks on loan from a host's allocation (reported if any was)
+        self.kv_lent_s += seconds * bm.num_lent_blocks / bm.num_blocks
 
     def stats(self) -> dict:
         """Engine counters over the run: preemptions, iterations, KV utilisation (allocated
@@ -179,6 +181,8 @@ class _Replay:
         return {**counters,
                 "kv_allocated_util": self.kv_allocated_s / weight,
                 "kv_used_util": self.kv_used_s / weight,
+                **({"kv_lent_util": self.kv_lent_s / weight} if self.kv_lent_s else {}),
+                **self.engine.scheduler.policy.counters(),
                 "schedule_ms_per_iteration": profile.schedule_s / steps * 1e3,
                 "schedule_share": profile.schedule_s / max(profile.schedule_s + busy, 1e-12),
                 **self.stream_stats()}

@@ -56,6 +56,11 @@ class BlockManager:
         return len(self._free) + (len(prefix.free_cached) if prefix is not None else 0)
 
     @property
+    def num_lent_blocks(self) -> int:
+        """Blocks that sit in a borrower's table on loan (KV pipelining), each once."""
+        return sum(len(blocks) for loans in self._loans.values() for _, blocks in loans)
+
+    @property
     def num_free_uncached_blocks(self) -> int:
         return len(self._free)
 

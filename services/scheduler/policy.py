@@ -77,6 +77,11 @@ class Policy(ABC):
         """Requests waiting in the policy's queues (for stats; O(1))."""
         return 0
 
+    def counters(self) -> dict[str, float]:
+        """The policy's own event counters over its life (e.g. allocation failures), for
+        the simulator's summaries; none by default."""
+        return {}
+
 
 def parse_policy_config(cls: type[PolicyConfig], items: dict[str, str] | list[str] | None
                         ) -> PolicyConfig:

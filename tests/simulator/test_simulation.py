@@ -90,3 +90,33 @@ def test_runs_report_kv_use_scheduler_time_and_the_longest_wait():
     summary = summarize(run.records, run.duration_s)
     waits = sorted(r.ttft for r in run.records)
     assert summary["max_ttft_ms"] == pytest.approx(waits[-1] * 1000) and waits[-1] > 0.05
+
+
+def test_vllm_v0_reports_its_allocation_failures():
+    # Three requests that each grow to 10 blocks on a 20-block pool: decodes run out of
+    # blocks and preempt; on a 40-block pool none does.
+    reqs = [(8, 32, 0.0), (8, 32, 0.0), (8, 32, 0.0)]
+    for blocks, failing in ((20, True), (40, False)):
+        spec = make_spec("vllm-v0", make_target(constant_cost(0.01), num_gpu_blocks=blocks))
+        stats = simulate(spec, workload(*reqs), 1.0, False).stats
+        assert (stats["num_allocation_failures"] > 0) is failing
+        assert (stats["allocation_failure_share"] > 0) is failing
+        assert stats["allocation_failure_share"] <= 1.0
+
+
+def test_econoserve_reports_the_kv_it_lends_to_guests():
+    # A long GT runs alone on a pool its exact allocation nearly fills; a short request
+    # arrives later and, prefilled, fits no free KV but the long one's unused second half.
+    reqs = [(8, 200, 0.0), (8, 8, 0.5)]
+    stats = {}
+    for pipelining in ("true", "false"):
+        spec = make_spec("econoserve", make_target(constant_cost(0.01), num_gpu_blocks=54),
+                         max_model_len=256, predictor="oracle", policy_config=(
+                             f"enable_pipelining={pipelining}", "padding_ratio=0"))
+        run = simulate(spec, workload(*reqs), 1.0, False)
+        assert all(r.success for r in run.records)
+        stats[pipelining] = (run.stats, run.records[1].token_times[-1])
+    (lent, short_done), (unlent, short_late) = stats["true"], stats["false"]
+    assert lent["num_hosted"] == 1 and lent["kv_lent_util"] > 0
+    assert unlent["num_hosted"] == 0 and "kv_lent_util" not in unlent
+    assert short_done < 1.0 < short_late      # hosted at once, not after the long one

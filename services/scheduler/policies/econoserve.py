@@ -94,6 +94,8 @@ class EconoServePolicy(PipeliningMixin, Policy):
         self.gts.push(req, self._key(req, occupied, self.model.remaining(req)), need)
         if need <= bm.num_free_blocks - self.reserved_blocks:
             self._due = True
+        elif self.options.enable_pipelining and self.active:
+            self._due = True      # a running host's unused half may take it (KV pipelining)
 
     def add_request(self, request: Request) -> None:
         self._queue_pt(request)
@@ -127,6 +129,11 @@ class EconoServePolicy(PipeliningMixin, Policy):
 
     def num_queued(self) -> int:
         return len(self.pts) + len(self.gts)
+
+    def counters(self) -> dict[str, float]:
+        return {"num_hosted": self.num_hosted, "num_pauses": self.num_pauses,
+                "num_guest_moves": self.num_guest_moves, "num_forced": self.num_forced,
+                "num_selections": self.num_selections}
 
     # -- one iteration -------------------------------------------------------------------
     def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:

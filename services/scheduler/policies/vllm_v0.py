@@ -62,6 +62,8 @@ class VllmV0Policy(FcfsPolicy):
         self.watermark_blocks = int(o.watermark * config.num_gpu_blocks)
         self.swapped: deque[Request] = deque()
         self.num_allocation_failures = 0     # decode steps that found no free block
+        self._seen: set[str] = set()          # requests admitted at least once
+        self._failed: set[str] = set()        # ... and of those, the ones that met a failure
 
     def remove_request(self, request: Request) -> None:
         if request.status is RequestStatus.SWAPPED:
@@ -74,6 +76,13 @@ class VllmV0Policy(FcfsPolicy):
 
     def num_queued(self) -> int:
         return len(self.waiting) + len(self.swapped)
+
+    def counters(self) -> dict[str, float]:
+        """Allocation failures (decode steps that found no free block), and the share of
+        admitted requests that met at least one (the paper's "KVC allocation failure
+        percentage", 74% for vLLM in its Figure 1d)."""
+        return {"num_allocation_failures": self.num_allocation_failures,
+                "allocation_failure_share": len(self._failed) / max(len(self._seen), 1)}
 
     def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
         output = state.new_output()
@@ -103,6 +112,7 @@ class VllmV0Policy(FcfsPolicy):
             if not self._fits(state, need) or not state.admit(req, req.num_tokens):
                 break
             waiting.popleft()
+            self._seen.add(req.request_id)
             output.add(req, n)
             tokens -= n
 
@@ -118,6 +128,7 @@ class VllmV0Policy(FcfsPolicy):
             short = bm.blocks_for(need) - bm.num_blocks_of(req.request_id)
             if short > bm.num_free_blocks:
                 self.num_allocation_failures += 1
+                self._failed.add(req.request_id)
             while not bm.allocate_slots(req.request_id, need):
                 if deferred and bm.num_free_blocks + deferred >= short:
                     break                 # paused one iteration, until the copies finish
