@@ -10,6 +10,11 @@
   its requests finish, at a pace set by how many output tokens they are still predicted to
   generate, through its execution-time model. A replica whose requests are about to finish
   frees its pool soon, though it holds as many requests as one serving long conversations.
+  With prefix affinity (``RouterCore``'s, on unless the spec says ``:no-prefix``), the prompt
+  tokens a replica likely holds cached neither wait for room nor need a prefill there.
+* ``prefix-affinity``: the replica with the most of the prompt's leading blocks cached (within
+  the core's load bound), ties to the fewest unfinished requests: llm-d's and Dynamo's
+  overlap-then-load routing, with no length prediction.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ if TYPE_CHECKING:
 class RouterPolicy(ABC):
     name = "abstract"
     needs_prediction = False
+    uses_prefix = False     # reads ``Placement.cached`` (the core keeps a prefix map for it)
 
     def __init__(self) -> None:
         self._turn = 0
@@ -37,7 +43,7 @@ class RouterPolicy(ABC):
                                             (r.index - start) % max(n, 1)))
 
     @abstractmethod
-    def score(self, replica: ReplicaView, placement: Placement) -> float:
+    def score(self, replica: ReplicaView, placement: Placement) -> float | tuple:
         """Lower is better."""
 
 
@@ -55,9 +61,18 @@ class LeastLoaded(RouterPolicy):
         return replica.num_requests()
 
 
+class PrefixAffinity(RouterPolicy):
+    name = "prefix-affinity"
+    uses_prefix = True
+
+    def score(self, replica, placement) -> tuple[int, int]:
+        return -placement.cached_on(replica.name), replica.num_requests()
+
+
 class LengthAware(RouterPolicy):
     name = "length-aware"
     needs_prediction = True
+    uses_prefix = True
 
     def score(self, replica, placement) -> float:
         return predicted_wait_s(replica, placement)
@@ -73,7 +88,7 @@ def predicted_wait_s(replica: ReplicaView, p: Placement) -> float:
     predictions of realistic error it trailed ``least-loaded`` on simulated A100s.)"""
     t0, _, beta = replica.rates()
     prefill, decode = replica.pending_tokens()
-    queued = prefill + p.prompt_tokens
+    queued = prefill + p.prompt_tokens - p.cached_on(replica.name)
     free = replica.kv_capacity_tokens() - replica.kv_tokens_used()
     used = max(replica.kv_tokens_used(), 1)
     steps_left = decode / max(replica.num_requests(), 1)
@@ -81,8 +96,16 @@ def predicted_wait_s(replica: ReplicaView, p: Placement) -> float:
     return wait + t0 * queued
 
 
-POLICIES = {cls.name: cls for cls in (RoundRobin, LeastLoaded, LengthAware)}
+POLICIES = {cls.name: cls for cls in (RoundRobin, LeastLoaded, PrefixAffinity, LengthAware)}
 DEFAULT_POLICY = LengthAware.name
+NO_PREFIX = ":no-prefix"
+
+
+def parse_router_spec(spec: str, prefix_affinity: bool = True) -> tuple[str, bool]:
+    """``NAME`` or ``NAME:no-prefix`` -> (policy name, prefix affinity on)."""
+    if spec.endswith(NO_PREFIX):
+        return spec[:-len(NO_PREFIX)], False
+    return spec, prefix_affinity
 
 
 def make_router_policy(name: str) -> RouterPolicy:

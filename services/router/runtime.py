@@ -124,7 +124,8 @@ class Router:
             request.predicted_output_len = predicted      # the replica need not predict again
         else:
             predicted = self.default_output_len
-        return Placement(request.request_id, prompt_tokens, predicted)
+        keys = self.core.prefix_keys(request.prompt_token_ids, request.prompt)
+        return Placement(request.request_id, prompt_tokens, predicted, prefix_keys=keys)
 
     async def _predict(self, prompt: str) -> int:
         try:
