@@ -59,6 +59,10 @@ class _ClusterReplay:
         self.pending = Arrivals(workload.requests)
         self.inflight: dict[str, tuple[BenchRequest, float, tuple | None]] = {}
         self.done: list[RequestRecord] = []
+        # At each arrival, the spread of the replicas' unfinished requests (max - min) and
+        # their coefficient of variation: how evenly the router keeps them busy.
+        self.spread_sum = self.cv_sum = 0.0
+        self.num_arrivals = 0
 
     @property
     def now(self) -> float:
@@ -97,6 +101,7 @@ class _ClusterReplay:
             if t - r.reported_at >= self.cluster.load_interval_s:
                 self.core.on_load(r.name, replica_load(r.engine))
                 r.reported_at = t
+        self._sample_balance()
         if request.prompt_len + request.output_len > self.limit:
             self._finish(failed_record(request, t, (
                 f"needs {request.prompt_len + request.output_len} tokens of context; a "
@@ -119,6 +124,14 @@ class _ClusterReplay:
             self._finish(failed_record(request, t, str(exc)))
             return
         self.inflight[request.request_id] = (request, t, prediction)
+
+    def _sample_balance(self) -> None:
+        counts = [len(r.engine.scheduler.state.requests) for r in self.replicas]
+        mean = sum(counts) / len(counts)
+        self.spread_sum += max(counts) - min(counts)
+        if mean > 0:
+            self.cv_sum += math.sqrt(sum((c - mean) ** 2 for c in counts) / len(counts)) / mean
+        self.num_arrivals += 1
 
     def _predict(self, request: BenchRequest) -> tuple[int, str] | None:
         """(length, source) from the router's predictor, once; None without one."""
@@ -187,5 +200,7 @@ def simulate_cluster(spec: SimSpec, cluster: ClusterSpec, workload: Workload,
                        "prefix_cache_queries": sum(s.prefix_cache_queries for s in stats),
                        "prefix_cache_hits": sum(s.prefix_cache_hits for s in stats),
                        "affinity_placements": replay.core.num_affinity_hits,
+                       "mean_request_spread": replay.spread_sum / max(replay.num_arrivals, 1),
+                       "mean_request_cv": replay.cv_sum / max(replay.num_arrivals, 1),
                        "replicas": cluster.replicas, "router": cluster.router,
                        "placed_per_replica": placed})

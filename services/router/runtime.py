@@ -53,6 +53,7 @@ class Router:
         self.sinks: dict[str, _Sink] = {}
         self.num_prediction_failures = 0
         self.num_expired = 0        # held past their deadline with no replica up
+        self.num_submit_failures = 0    # a replica's Submit failed (lost, or too slow)
 
     # -- membership --------------------------------------------------------------------------
     def set_replicas(self, names: list[str]) -> None:
@@ -158,6 +159,13 @@ class Router:
                 self.core.unplace(placement.request_id)
                 if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     raise Refused(err) from None
+                self.num_submit_failures += 1
+                log.warning("replica %s did not take request %s: %s; trying another", view.name,
+                            placement.request_id, err.details() or err.code())
+                if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    # It may yet add the request after the call gave up: stop it there, so
+                    # that it does not run twice.
+                    asyncio.ensure_future(self.links[view.name].abort(placement.request_id))
                 exclude |= {view.name}        # lost or not subscribed yet: another one
                 if time.monotonic() >= until:
                     raise NoReplica(f"replica {view.name} did not take the request: "
