@@ -8,6 +8,7 @@ own latency is measured apart, on a stub replica (``benchmarks/router_hop.py``).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import re
@@ -184,4 +185,18 @@ def measure(dataset: Path, raw: Path, num: int, rate: float, runs: int) -> dict:
         result["kill"] = asyncio.run(kill_drill(cluster, "length-aware", requests, tok))
     finally:
         cluster.stop()
+    return result
+
+
+def measure_or_reuse(dataset: Path, raw: Path, params: dict, reuse: bool) -> dict:
+    """``measure``, its result kept in ``raw/result.json``; with ``reuse``, an earlier result
+    there with the same parameters instead (its load average recorded with it)."""
+    saved = raw / "result.json"
+    if reuse and saved.exists():
+        got = json.loads(saved.read_text())
+        if got.get("params") == params:
+            return got
+    result = measure(dataset, raw, params["num"], params["rate"], params["runs"])
+    result["params"] = params
+    saved.write_text(json.dumps(result, indent=1))
     return result
