@@ -43,11 +43,10 @@ class _Sink:
 
 class Router:
     def __init__(self, core: RouterCore, predictor=None, *, hold_s: float = 30.0,
-                 load_interval_s: float = 0.1, submit_timeout_s: float = 10.0,
+                 load_interval_s: float = 0.1,
                  default_output_len: int = DEFAULT_OUTPUT_LEN):
         self.core, self.predictor = core, predictor
         self.hold_s, self.load_interval_s = hold_s, load_interval_s
-        self.submit_timeout_s = submit_timeout_s
         self.default_output_len = default_output_len
         self.links: dict[str, ReplicaLink] = {}
         self.sinks: dict[str, _Sink] = {}
@@ -153,7 +152,10 @@ class Router:
                 await asyncio.sleep(_POLL_S)
                 continue
             try:
-                await self.links[view.name].submit(sink.request, self.submit_timeout_s)
+                # The rest of the hold: a replica whose streams are open is slow, not lost (a
+                # lost one ends them and is drained), and another is no faster to take it.
+                await self.links[view.name].submit(sink.request,
+                                                   max(0.001, until - time.monotonic()))
                 return
             except grpc.aio.AioRpcError as err:
                 self.core.unplace(placement.request_id)
