@@ -1,9 +1,9 @@
 """The router hop in isolation, for ``benchmarks/router.py``: one stub replica that answers at
 once on the scheduler's contract (``Generate``, ``Subscribe``/``Submit``, ``StreamLoad``:
-``TOKENS`` one-token chunks per request, ``STEP_S`` apart, no model, no queue), and one router (its default
-policy, ``length-aware``) in front of it, each its own process. The client sends the same
-request straight to the stub and through the router, alternating request by request, one at a
-time, and records the time to the first token and to the last; the hop's cost is the routed
+``TOKENS`` one-token chunks per request, ``STEP_S`` apart, no model, no queue), and one router
+(its default policy, ``length-aware``) in front of it, each its own process. The client sends
+the same request straight to the stub and through the router, alternating request by request,
+one at a time, and records the time to the first token and to the last; the hop's cost is the routed
 time minus the direct time of each pair. The router logs its placement counter when it stops
 (the time inside ``RouterCore.place``), which is read back from its log.
 

@@ -139,7 +139,8 @@ def failure_causes(records) -> dict[str, int]:
         if r.success:
             continue
         error = r.error or "no error text"
-        code, details = (re.search(p, error) for p in (r"StatusCode\.(\w+)", r'details = "([^"]*)"'))
+        code = re.search(r"StatusCode\.(\w+)", error)
+        details = re.search(r'details = "([^"]*)"', error)
         key = f"{code[1]}: {details[1] if details else ''}" if code else \
             re.sub(r"\d+", "N", error.splitlines()[0])[:100]
         causes[key] = causes.get(key, 0) + 1
