@@ -5,9 +5,12 @@
 Simulated (``benchmarks/router_simulated.py``): 8 and 16 A100-80GB replicas serving
 Llama-2-7B, ShareGPT, ``vllm`` and ``alise`` inside the replicas, each router policy over a
 rate sweep; the highest rate each sustains under a P99 TTFT target and a normalized-latency
-target; and one run of 100,000 requests on 16 replicas, with its wall time. Real
-(``benchmarks/router_real.py``): three opt-125m replicas on this machine, each router at a
-loaded rate, the router hop's added latency, and the replica-kill drill; two runs.
+target; prefix affinity on multi-turn ShareGPT conversations (8 replicas, each router with
+and without it: the prefix cache's hit rate, P99 TTFT, NL); and one run of 100,000 requests on
+16 replicas, with its wall time. Real (``benchmarks/router_real.py``): three opt-125m replicas
+on this machine, each router at a loaded rate (failures by cause) and the replica-kill drill;
+the router hop's added latency on a stub replica (``benchmarks/router_hop.py``, 500
+interleaved pairs); two runs each.
 """
 from __future__ import annotations
 
@@ -19,11 +22,14 @@ from pathlib import Path
 if __package__ in (None, ""):       # run as a script: the repository root holds benchmarks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import output, router_real, router_simulated, runs, stamp, tables  # noqa: E402
+from benchmarks import (output, router_hop, router_real, router_simulated,  # noqa: E402
+                        runs, stamp, tables)
 
 NAME = "router"
-REAL = {"num": 18, "rate": 2.0, "runs": 2}
-REAL_QUICK = {"num": 6, "rate": 4.0, "runs": 1}
+# The loaded comparison and the kill drill: one round (the replicas decode on the CPU; two
+# rounds did not fit a shared machine's time). The hop: two runs.
+REAL = {"num": 18, "rate": 2.0, "runs": 1, "hop_runs": 2, "hop_pairs": 500}
+REAL_QUICK = {"num": 6, "rate": 4.0, "runs": 1, "hop_runs": 1, "hop_pairs": 50}
 
 
 def real_rows(real: dict) -> list[list[str]]:
@@ -38,11 +44,40 @@ def real_rows(real: dict) -> list[list[str]]:
         rows.append([router, span(lambda s: s["ttft_ms"]["mean"]),
                      span(lambda s: s["ttft_ms"]["p99"]),
                      span(lambda s: s[tables.NL], fmt="{:.3f}"),
-                     str(sum(s["failed"] for s in got))])
+                     str(sum(s["failed"] for s in got)), causes(real, router)])
     return rows
 
 
-def summary_text(rows: list[dict], scale: dict | None, real: dict | None) -> str:
+def causes(real: dict, router: str) -> str:
+    total: dict[str, int] = {}
+    for r in real["loaded"]:
+        if r["router"] == router:
+            for cause, n in r["failures"].items():
+                total[cause] = total.get(cause, 0) + n
+    return "; ".join(f"{n} {cause}" for cause, n in sorted(total.items())) or "-"
+
+
+def hop_rows(hops: list[dict]) -> list[list[str]]:
+    """Per run: the routed-minus-direct percentiles, the placement time, the load."""
+    return [[str(i + 1), str(h["num"]), f"{h['load_avg']:.1f}",
+             *(f"{h[k]['p50']:.2f} / {h[k]['p90']:.2f} / {h[k]['p99']:.2f}"
+               for k in ("direct_ttft_ms", "added_ttft_ms", "added_e2e_ms")),
+             f"{h['place_us_mean']:.0f}" if h["place_us_mean"] is not None else "?"]
+            for i, h in enumerate(hops)]
+
+
+def affinity_text(affinity: list[dict]) -> str:
+    """Hit rate and P99 TTFT with and without affinity, at the highest rate tested."""
+    top = max(r["rate"] for r in affinity)
+    at = {r["router"]: r for r in affinity if r["rate"] == top}
+    parts = [f"`{name}` {at[name]['hit_rate']:.0%} hits, P99 TTFT {at[name]['p99_ttft_s']:.2f} s"
+             for name in router_simulated.AFFINITY_ROUTERS if name in at]
+    return (f" Prefix affinity on multi-turn conversations (8 replicas, {top:g} turns/s): "
+            + "; ".join(parts) + ".")
+
+
+def summary_text(rows: list[dict], scale: dict | None, real: dict | None,
+                 affinity: list[dict]) -> str:
     gains = []
     for replicas in sorted({r["replicas"] for r in rows}):
         for inner in router_simulated.INNER:
@@ -55,17 +90,18 @@ def summary_text(rows: list[dict], scale: dict | None, real: dict | None) -> str
             "the router's predictions carry log-normal error sigma 0.7, median relative error "
             "about 0.5, the embedded predictor's). `length-aware` over `least-loaded`, "
             "sustained rate: " + ("; ".join(gains) or "not bounded within the tested rates")
-            + ".")
+            + ".") + affinity_text(affinity)
     if scale:
         text += (f" Cluster mode ran {scale['requests']:,} requests on {scale['replicas']} "
                  f"simulated replicas ({scale['virtual_s']:.0f} s of virtual time) in "
                  f"{scale['replay_wall_s']:.0f} s ({scale['replay_cpu_s']:.0f} s of CPU).")
     if real:
-        hop = [h["added_p50_ms"] for h in real["hop"]]
+        hop = [h["added_ttft_ms"]["p50"] for h in real["hop"]]
         k = real["kill"]
-        text += (f" Real, three opt-125m replicas on this machine (2 shared cores; timings "
-                 f"move with other work): the router hop adds {min(hop):.2f}-{max(hop):.2f} ms "
-                 f"at the median (min-max of {len(hop)} runs); killing a replica under load "
+        text += (f" Real, on this machine (2 shared cores; timings move with other work): the "
+                 f"router hop adds {min(hop):.2f}-{max(hop):.2f} ms to the median time to first "
+                 f"token (min-max of {len(hop)} runs of {real['hop'][0]['num']} interleaved "
+                 "pairs on a stub replica); killing one of three opt-125m replicas under load "
                  f"lost {k['lost_not_started']} requests that had not started, and "
                  f"{k['failed_started']} that had started there ended with an error.")
     return text
@@ -79,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the simulated half only (no processes started on this machine)")
     ap.add_argument("--reuse-raw", action="store_true",
                     help="take the simulated results an earlier run of the same commands left "
-                         "in --raw instead of running them again (virtual time: same figures)")
+                         "in --raw instead of running them again (virtual time: same figures), "
+                         "and the real loaded comparison and kill drill an earlier run with the "
+                         "same parameters left there (the hop is measured again)")
     args = ap.parse_args(argv)
     dataset = runs.dataset_file(args.dataset_path)
     out = output.outputs(args, NAME)
@@ -93,7 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     real = None
     if not args.skip_real:
         p = REAL_QUICK if args.quick else REAL
-        real = router_real.measure(dataset, out.raw / "real", p["num"], p["rate"], p["runs"])
+        real = router_real.measure_or_reuse(dataset, out.raw / "real", p, args.reuse_raw)
+        real["hop"] = [router_hop.measure(out.raw / "hop", p["hop_pairs"])
+                       for _ in range(p["hop_runs"])]
+    affinity, command = router_simulated.run_affinity(
+        router_simulated.AFFINITY_QUICK if args.quick else router_simulated.AFFINITY,
+        out.raw, args.reuse_raw)
+    commands.append(command)
     rows = router_simulated.sustained_rows(found)
     router_simulated.plot(out.file(NAME, "png"), found)
     tabs = [("Highest rate under each target, simulated (interpolated; `>=`: met at every "
@@ -101,14 +145,23 @@ def main(argv: list[str] | None = None) -> int:
     for replicas in sorted(plan):
         tabs.append((f"P99 TTFT (s), {replicas} simulated replicas",
                      router_simulated.ttft_table(found, replicas)))
+    tabs.append(("Prefix affinity, 8 simulated replicas (`vllm` inside), multi-turn ShareGPT: "
+                 "prefix-cache hit rate / P99 TTFT (s) / NL (s/token) per conversation-turn "
+                 "rate, and the highest rate under the P99 TTFT target",
+                 router_simulated.affinity_table(affinity)))
     if real:
         tabs.append((f"Real: three opt-125m replicas, {real['loaded'][0]['rate']:g} req/s, "
                      "min-max over runs", tables.markdown(
                          ["router", "mean TTFT (ms)", "P99 TTFT (ms)", "NL (s/token)",
-                          "failed"], real_rows(real))))
+                          "failed", "failures by cause"], real_rows(real))))
+        tabs.append(("Real: the router hop on a stub replica, routed minus direct, p50 / p90 / "
+                     "p99 (ms), sequential interleaved pairs", tables.markdown(
+                         ["run", "pairs", "load avg", "direct TTFT", "added TTFT",
+                          "added to the last token", "placement (us, mean)"],
+                         hop_rows(real["hop"]))))
     section = output.Section(
         title="Replicas behind the router",
-        text=summary_text(rows, scale, real), tables=tabs,
+        text=summary_text(rows, scale, real, affinity), tables=tabs,
         figure_alt="P99 TTFT vs request rate per router policy, simulated replicas")
     output.publish(out, NAME, section, argv=argv, commands=commands,
                    stamp=stamp.finish(start, time.perf_counter() - t0),
@@ -118,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                                     "real": None if args.skip_real else
                                     (REAL_QUICK if args.quick else REAL),
                                     "dataset": output.rel(dataset)},
-                         "sustained": rows, "runs": found, "scale": scale, "real": real})
+                         "sustained": rows, "runs": found, "scale": scale, "real": real,
+                         "affinity": affinity})
     return 0
 
 

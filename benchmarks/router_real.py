@@ -2,21 +2,22 @@
 opt-125m (in-process executors, random weights, outputs forced to the replies' lengths), one
 predictor service, and one router per policy in front of the same replicas, so the policies
 meet the same replicas back to back. Measures, per run: each router's summary at a loaded
-rate (``lenserve bench``'s metrics), the router hop's added latency (a one-token request
-straight to a replica against one through a router, interleaved), and the replica-kill drill
-(a replica killed under load: lost requests that had not started, failures that had)."""
+rate (``lenserve bench``'s metrics, failures by cause), and the replica-kill drill (a replica
+killed under load: lost requests that had not started, failures that had). The router hop's
+own latency is measured apart, on a stub replica (``benchmarks/router_hop.py``)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 from benchmarks.stamp import REPO
 
@@ -130,24 +131,20 @@ async def drive(target: str, requests, tok, tag: str):
     return list(records), time.perf_counter() - t0
 
 
-async def hop_latency(direct: str, routed: str, num: int = 40) -> dict:
-    """A one-token request straight to a replica, then through the router, ``num`` times
-    each, interleaved: the difference of the medians is what the hop adds."""
-    from lenserve.client import AsyncClient
-    from lenserve_contract.sampling_params import SamplingParams
-    params = SamplingParams(max_tokens=1, temperature=0)
-    times: dict[str, list[float]] = {"direct": [], "routed": []}
-    async with AsyncClient(direct, multiplex=True) as d, AsyncClient(routed, multiplex=True) as r:
-        for i in range(num + 5):
-            for name, client in (("direct", d), ("routed", r)):
-                t = time.perf_counter()
-                async for _ in client.generate("a short prompt", params):
-                    pass
-                if i >= 5:          # the first few warm both paths up
-                    times[name].append(time.perf_counter() - t)
-    p50 = {k: float(np.median(v)) * 1000 for k, v in times.items()}
-    return {"direct_p50_ms": p50["direct"], "routed_p50_ms": p50["routed"],
-            "added_p50_ms": p50["routed"] - p50["direct"], "num": num}
+def failure_causes(records) -> dict[str, int]:
+    """Failed requests counted by cause: the gRPC status and its details, or the error's
+    text with its numbers blanked (so one cause is one line)."""
+    causes: dict[str, int] = {}
+    for r in records:
+        if r.success:
+            continue
+        error = r.error or "no error text"
+        code = re.search(r"StatusCode\.(\w+)", error)
+        details = re.search(r'details = "([^"]*)"', error)
+        key = f"{code[1]}: {details[1] if details else ''}" if code else \
+            re.sub(r"\d+", "N", error.splitlines()[0])[:100]
+        causes[key] = causes.get(key, 0) + 1
+    return causes
 
 
 async def kill_drill(cluster: Cluster, router: str, requests, tok) -> dict:
@@ -171,22 +168,36 @@ async def kill_drill(cluster: Cluster, router: str, requests, tok) -> dict:
 
 
 def measure(dataset: Path, raw: Path, num: int, rate: float, runs: int) -> dict:
-    """``runs`` rounds of (each router at the loaded rate, the hop), then the kill drill."""
+    """``runs`` rounds of each router at the loaded rate, then the kill drill."""
     from lenserve.bench.metrics import summarize
     requests, tok = workload(dataset, num, rate)
     cluster = Cluster(raw)
     cluster.start()
-    result: dict = {"loaded": [], "hop": []}
+    result: dict = {"loaded": []}
     try:
         for run in range(runs):
             for router in ROUTERS:
                 records, wall = asyncio.run(drive(cluster.target(router), requests, tok,
                                                   f"{router}-{run}"))
                 result["loaded"].append({"run": run, "router": router, "rate": rate,
-                                         "summary": summarize(records, wall)})
-            result["hop"].append(asyncio.run(hop_latency(cluster.target("replica-0"),
-                                                         cluster.target("round-robin"))))
+                                         "load_avg": os.getloadavg()[0],
+                                         "summary": summarize(records, wall),
+                                         "failures": failure_causes(records)})
         result["kill"] = asyncio.run(kill_drill(cluster, "length-aware", requests, tok))
     finally:
         cluster.stop()
+    return result
+
+
+def measure_or_reuse(dataset: Path, raw: Path, params: dict, reuse: bool) -> dict:
+    """``measure``, its result kept in ``raw/result.json``; with ``reuse``, an earlier result
+    there with the same parameters instead (its load average recorded with it)."""
+    saved = raw / "result.json"
+    if reuse and saved.exists():
+        got = json.loads(saved.read_text())
+        if got.get("params") == params:
+            return got
+    result = measure(dataset, raw, params["num"], params["rate"], params["runs"])
+    result["params"] = params
+    saved.write_text(json.dumps(result, indent=1))
     return result

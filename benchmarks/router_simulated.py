@@ -22,14 +22,23 @@ NL_TARGETS = (0.025,)               # normalized latency, s/token: 1.6x the unlo
 FULL = {8: (3000, [64, 70, 74, 78, 84]), 16: (5000, [128, 140, 148, 156, 168])}
 QUICK = {8: (16, [40, 80])}
 SCALE = (16, 100_000, 140)          # replicas, requests, req/s: the size the mode is for
+# Prefix affinity: ShareGPT conversations, every human turn a request carrying the conversation
+# so far (``sharegpt-multiturn``), 8 replicas, ``vllm`` inside, prefix caching on (the
+# default); each router with and without affinity where it has it.
+CONVERSATIONS = runs.SHAREGPT.parent / "sharegpt_v3_conversations_first17671.jsonl.gz"
+AFFINITY_ROUTERS = ("round-robin", "least-loaded", "prefix-affinity", "length-aware:no-prefix",
+                    "length-aware")
+AFFINITY = (8, 2000, [30, 45, 60, 75])
+AFFINITY_QUICK = (8, 40, [40])
 
 
 def simulate_args(replicas: int, num_prompts: int, rates: list[float], dataset: Path,
-                  result: Path, routers=ROUTERS, inner=INNER, repeat: bool = False) -> list[str]:
+                  result: Path, routers=ROUTERS, inner=INNER, repeat: bool = False,
+                  dataset_name: str = "sharegpt") -> list[str]:
     return ["simulate", "--hardware", "a100-80g", "--model-shape", "llama-2-7b",
             "--backends", ",".join(f"sim:{p}" for p in inner), "--predictor", PREDICTOR,
             "--replicas", str(replicas), "--router", ",".join(routers),
-            "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
+            "--dataset-name", dataset_name, "--dataset-path", str(dataset),
             "--num-prompts", str(num_prompts), *(["--repeat-dataset"] if repeat else []),
             "--num-gpu-blocks", str(NUM_GPU_BLOCKS),
             "--sweep-rates", ",".join(f"{r:g}" for r in rates), "--seed", "0",
@@ -74,6 +83,38 @@ def run_scale(dataset: Path, raw: Path, reuse: bool = False) -> tuple[dict, str]
              "virtual_s": float(m[1]), "replay_wall_s": float(m[2]), "replay_cpu_s": float(m[3]),
              "command_wall_s": wall, "completed": summary["completed"],
              "failed": summary["failed"]}, runs.shown(args))
+
+
+def run_affinity(plan: tuple, raw: Path, reuse: bool = False) -> tuple[list[dict], str]:
+    """The multi-turn sweep: per router and rate, the prefix cache's hit rate (prompt tokens
+    served from cache over those looked up), P99 TTFT and normalized latency."""
+    replicas, num_prompts, rates = plan
+    result = raw / "affinity.json"
+    args = simulate_args(replicas, num_prompts, rates, CONVERSATIONS, result,
+                         routers=AFFINITY_ROUTERS, inner=("vllm",),
+                         dataset_name="sharegpt-multiturn")
+    _run(args, result, raw / "affinity.log", reuse)
+    found = []
+    for run in runs.load_runs(result):
+        s = run["summary"]
+        found.append({"router": run["policy"].split("/")[1], "rate": run["request_rate"],
+                      "hit_rate": s["prefix_cache_hits"] / max(s["prefix_cache_queries"], 1),
+                      "p99_ttft_s": s["ttft_ms"]["p99"] / 1000.0, "nl": s[tables.NL],
+                      "failed": s["failed"]})
+    return found, runs.shown(args)
+
+
+def affinity_table(found: list[dict]) -> list[str]:
+    rates = sorted({r["rate"] for r in found})
+    body = [[router] + [next(f"{r['hit_rate']:.0%} / {r['p99_ttft_s']:.2f} / {r['nl']:.4f}"
+                             for r in found if r["router"] == router and r["rate"] == rate)
+                        for rate in rates] for router in AFFINITY_ROUTERS]
+    for row, router in zip(body, AFFINITY_ROUTERS):
+        rate, note = tables.sustained_rate([(r["rate"], r["p99_ttft_s"]) for r in found
+                                            if r["router"] == router], TTFT_TARGETS_S[0])
+        row.append(f"{note}{rate:.1f}")
+    return tables.markdown(["router", *(f"{rate:g} req/s" for rate in rates),
+                            f"P99 TTFT <= {TTFT_TARGETS_S[0]:g} s (req/s)"], body)
 
 
 def p99_ttft_s(run: dict) -> float:

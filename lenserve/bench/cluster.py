@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import deque
 
 from tqdm import tqdm
 
@@ -19,6 +18,7 @@ from lenserve.bench.backends.base import failed_record
 from lenserve.bench.metrics import RequestRecord
 from lenserve.bench.runner import BackendRun
 from lenserve.bench.simulation import SimSpec, _no_cycle_collection, build_engine, max_model_len
+from lenserve.workloads.followups import Arrivals
 from lenserve.workloads.types import BenchRequest, Workload
 from lenserve_contract.sampling_params import SamplingParams
 from services.predictor.interface import PredictQuery
@@ -56,9 +56,13 @@ class _ClusterReplay:
         self.by_name = {r.name: r for r in self.replicas}
         self.predictor = _router_predictor(spec)
         self.limit = max_model_len(spec)
-        self.pending = deque(workload.requests)
+        self.pending = Arrivals(workload.requests)
         self.inflight: dict[str, tuple[BenchRequest, float, tuple | None]] = {}
         self.done: list[RequestRecord] = []
+        # At each arrival, the spread of the replicas' unfinished requests (max - min) and
+        # their coefficient of variation: how evenly the router keeps them busy.
+        self.spread_sum = self.cv_sum = 0.0
+        self.num_arrivals = 0
 
     @property
     def now(self) -> float:
@@ -67,39 +71,47 @@ class _ClusterReplay:
     def run(self, bar: tqdm) -> None:
         while True:
             busy = [r for r in self.replicas if r.engine.has_unfinished_requests()]
-            arrival = self.pending[0].arrival_offset if self.pending else math.inf
+            due = self.pending.next_time()
+            arrival = math.inf if due is None else due
             if not busy and not self.pending:
                 return
             nxt = min(busy, key=lambda r: r.clock.now) if busy else None
             if nxt is None or arrival <= nxt.clock.now:
-                self._arrive(self.pending.popleft())
+                for request, at in self.pending.pop_due(arrival):
+                    self._arrive(request, at)
                 continue
             finished = len(self.done)
             before = nxt.clock.now
             for out in nxt.engine.step():
                 if out.finished:
-                    self.done.append(self._record(out, nxt.clock.now))
+                    self._finish(self._record(out, nxt.clock.now))
             bar.update(len(self.done) - finished)
             if nxt.clock.now == before and len(self.done) == finished:
                 self._stalled(nxt, arrival)
 
-    def _arrive(self, request: BenchRequest) -> None:
-        t = request.arrival_offset
+    def _finish(self, record: RequestRecord) -> None:
+        self.done.append(record)
+        at = record.finish_time if record.finish_time is not None else record.arrival_time
+        self.pending.finished(record.request_id, at)
+
+    def _arrive(self, request: BenchRequest, t: float) -> None:
         for r in self.replicas:
             if not r.engine.has_unfinished_requests():
                 r.clock.advance_to(t)       # an idle replica waits for work
             if t - r.reported_at >= self.cluster.load_interval_s:
                 self.core.on_load(r.name, replica_load(r.engine))
                 r.reported_at = t
+        self._sample_balance()
         if request.prompt_len + request.output_len > self.limit:
-            self.done.append(failed_record(request, t, (
+            self._finish(failed_record(request, t, (
                 f"needs {request.prompt_len + request.output_len} tokens of context; a "
                 f"simulated replica holds {self.limit} (model limit or KV pool)")))
             return
         prediction = self._predict(request)
         predicted = None if prediction is None else prediction[0]
         placement = Placement(request.request_id, request.prompt_len,
-                              predicted or DEFAULT_OUTPUT_LEN)
+                              predicted or DEFAULT_OUTPUT_LEN,
+                              prefix_keys=self.core.prefix_keys(request.prompt_token_ids))
         replica = self.by_name[self.core.place(placement).name]
         params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0)
         try:
@@ -109,9 +121,17 @@ class _ClusterReplay:
                 predicted_output_len=predicted, true_output_len=request.output_len)
         except ValueError as exc:
             self.core.unplace(request.request_id)
-            self.done.append(failed_record(request, t, str(exc)))
+            self._finish(failed_record(request, t, str(exc)))
             return
         self.inflight[request.request_id] = (request, t, prediction)
+
+    def _sample_balance(self) -> None:
+        counts = [len(r.engine.scheduler.state.requests) for r in self.replicas]
+        mean = sum(counts) / len(counts)
+        self.spread_sum += max(counts) - min(counts)
+        if mean > 0:
+            self.cv_sum += math.sqrt(sum((c - mean) ** 2 for c in counts) / len(counts)) / mean
+        self.num_arrivals += 1
 
     def _predict(self, request: BenchRequest) -> tuple[int, str] | None:
         """(length, source) from the router's predictor, once; None without one."""
@@ -132,7 +152,7 @@ class _ClusterReplay:
             request, t, _ = self.inflight.pop(rid)
             self.core.on_finished(rid)
             why = "the simulated replica made no progress (the request can never be scheduled)"
-            self.done.append(failed_record(request, t, why if out is None else out.error or why))
+            self._finish(failed_record(request, t, why if out is None else out.error or why))
 
     def _record(self, out, now: float) -> RequestRecord:
         request, arrival, prediction = self.inflight.pop(out.request_id)
@@ -177,5 +197,10 @@ def simulate_cluster(spec: SimSpec, cluster: ClusterSpec, workload: Workload,
     return BackendRun(spec.name, request_rate, replay.now, records, None,
                       {"num_preemptions": sum(s.num_preemptions for s in stats),
                        "num_iterations": sum(s.num_iterations for s in stats),
+                       "prefix_cache_queries": sum(s.prefix_cache_queries for s in stats),
+                       "prefix_cache_hits": sum(s.prefix_cache_hits for s in stats),
+                       "affinity_placements": replay.core.num_affinity_hits,
+                       "mean_request_spread": replay.spread_sum / max(replay.num_arrivals, 1),
+                       "mean_request_cv": replay.cv_sum / max(replay.num_arrivals, 1),
                        "replicas": cluster.replicas, "router": cluster.router,
                        "placed_per_replica": placed})

@@ -31,6 +31,7 @@ from services.hardware import DTYPE_AUTO_HELP
 from services.predictor.local import reads_prompts
 from services.router.policies import DEFAULT_POLICY as DEFAULT_ROUTER
 from services.router.policies import POLICIES as ROUTER_POLICIES
+from services.router.policies import parse_router_spec
 from services.scheduler.policies import POLICIES
 from services.simulator.roofline import HARDWARE
 from services.simulator.shapes import MODEL_SHAPES
@@ -66,7 +67,8 @@ def register(subparsers) -> None:
                         "engine, no router)")
     p.add_argument("--router", default=None,
                    help="cluster mode: comma-separated router policies to compare "
-                        f"({', '.join(sorted(ROUTER_POLICIES))}; default {DEFAULT_ROUTER})")
+                        f"({', '.join(sorted(ROUTER_POLICIES))}; default {DEFAULT_ROUTER}); "
+                        "NAME:no-prefix turns that policy's prefix affinity off")
     p.add_argument("--load-interval", type=float, default=0.1,
                    help="cluster mode: virtual seconds between a replica's load reports")
     add_workload_arguments(p)
@@ -81,7 +83,7 @@ def parse_routers(args: argparse.Namespace) -> list[str | None]:
     if args.replicas == 1 and args.router is None:
         return [None]
     names = [n.strip() for n in (args.router or DEFAULT_ROUTER).split(",") if n.strip()]
-    unknown = [n for n in names if n not in ROUTER_POLICIES]
+    unknown = [n for n in names if parse_router_spec(n)[0] not in ROUTER_POLICIES]
     if unknown or not names or len(set(names)) != len(names):
         raise ValueError(f"--router must name each of {', '.join(sorted(ROUTER_POLICIES))} "
                          f"at most once, got {args.router!r}")

@@ -23,6 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(a headless service; looked up again every --dns-refresh seconds)")
     p.add_argument("--policy", default=env("LENSERVE_ROUTER_POLICY", DEFAULT_POLICY),
                    choices=sorted(POLICIES), help="placement policy")
+    p.add_argument("--no-prefix-affinity", action="store_true",
+                   default=env("LENSERVE_ROUTER_PREFIX_AFFINITY", "1") == "0",
+                   help="place without the prefix map (length-aware and prefix-affinity count "
+                        "the prompt blocks a replica likely holds cached unless this is given)")
     p.add_argument("--predictor", default=env("LENSERVE_PREDICTOR") or None,
                    help="grpc://HOST:PORT of the predictor service (length-aware predicts each "
                         "prompt once, here); default none: lengths default")
@@ -39,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
     return RouterConfig(parse_replicas(args.replicas), args.policy, args.predictor,
                         args.host, args.port, args.hold, args.load_interval, args.dns_refresh,
-                        args.grace)
+                        args.grace, not args.no_prefix_affinity)
 
 
 def build_router(config: RouterConfig):
@@ -49,8 +53,8 @@ def build_router(config: RouterConfig):
     if config.predictor is not None:
         from services.predictor.client import AsyncPredictorClient
         predictor = AsyncPredictorClient(config.predictor.removeprefix("grpc://"))
-    return Router(RouterCore(config.policy), predictor, hold_s=config.hold_s,
-                  load_interval_s=config.load_interval_s)
+    return Router(RouterCore(config.policy, config.prefix_affinity), predictor,
+                  hold_s=config.hold_s, load_interval_s=config.load_interval_s)
 
 
 async def serve_async(config: RouterConfig) -> int:
@@ -69,6 +73,9 @@ async def serve_async(config: RouterConfig) -> int:
     await rpc.wait_for_signal()
     await server.stop(grace=config.grace_s)
     discovery.cancel()
+    core = router.core
+    log.info("router placed %d requests, %.1f us per placement decision (mean)",
+             core.num_placements, core.place_ns / 1000 / max(core.num_placements, 1))
     await router.close()
     return 0
 

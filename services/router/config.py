@@ -20,6 +20,7 @@ class RouterConfig:
     load_interval_s: float = 0.1
     dns_refresh_s: float = 5.0
     grace_s: float = 5.0
+    prefix_affinity: bool = True    # the prefix map, for the policies that read it
 
     def __post_init__(self) -> None:
         parse_replicas(",".join(self.replicas))

@@ -8,15 +8,22 @@ have produced no output token go back for another placement, those that have end
 error (their tokens cannot be replayed elsewhere without the client seeing them twice)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
-from services.router.policies import RouterPolicy, make_router_policy
+from services.router.affinity import PrefixMap
+from services.router.policies import RouterPolicy, make_router_policy, parse_router_spec
 from services.scheduler.load import DEFAULT_OUTPUT_LEN, ReplicaLoad
 
 # Time-model rates before a replica has reported fitted ones (T0, alpha, beta): the scheduler's
 # own prior (a decode step 20 ms, a prompt token a 32nd of that).
 PRIOR_RATES = (0.02 / 32, 0.0, 0.02)
 DEFAULT_KV_TOKENS = 1 << 20     # a replica that has not reported its pool: no overflow
+# Prefix affinity's load bound: a replica's cached blocks count only while it holds at most
+# this many more unfinished requests than the least loaded one does (AFFINITY_SLACK of that
+# count, and at least AFFINITY_MIN_SLACK): a popular prefix never piles on one replica.
+AFFINITY_SLACK = 0.25
+AFFINITY_MIN_SLACK = 4
 
 
 @dataclass
@@ -28,6 +35,13 @@ class Placement:
     replica: str = ""
     num_output_tokens: int = 0      # forwarded to the client so far
     attempts: int = 0               # placements so far (re-placed after a replica was lost)
+    prefix_keys: tuple = ()         # chained keys of the prompt's leading full blocks
+    # Per candidate replica, prompt tokens it likely holds cached (set by ``place``; empty
+    # without prefix affinity).
+    cached: dict[str, int] = field(default_factory=dict)
+
+    def cached_on(self, replica: str) -> int:
+        return self.cached.get(replica, 0)
 
     @property
     def started(self) -> bool:
@@ -80,12 +94,24 @@ class NoReplica(Exception):
 
 
 class RouterCore:
-    def __init__(self, policy: str | RouterPolicy = "length-aware"):
-        self.policy = make_router_policy(policy) if isinstance(policy, str) else policy
+    """``policy``: a policy or its spec (``NAME`` or ``NAME:no-prefix``, which turns prefix
+    affinity off for a policy that uses it)."""
+
+    def __init__(self, policy: str | RouterPolicy = "length-aware",
+                 prefix_affinity: bool = True, prefix: PrefixMap | None = None):
+        if isinstance(policy, str):
+            name, prefix_affinity = parse_router_spec(policy, prefix_affinity)
+            policy = make_router_policy(name)
+        self.policy = policy
+        self.prefix = (prefix or PrefixMap()) if prefix_affinity and policy.uses_prefix \
+            else None
+        self.num_affinity_hits = 0  # placed where the map expected cached blocks
         self.replicas: dict[str, ReplicaView] = {}
         self.requests: dict[str, Placement] = {}
         self.num_replaced = 0       # placed again after their replica was lost
         self.num_failed = 0         # ended with an error when their replica was lost
+        self.num_placements = 0     # decisions made, and the time spent in them (the policy's
+        self.place_ns = 0           # choice and the bookkeeping; a counter, not a histogram)
 
     # -- membership --------------------------------------------------------------------------
     def add_replica(self, name: str) -> ReplicaView:
@@ -98,6 +124,8 @@ class RouterCore:
         view = self.replicas[name]
         view.load, view.up = load, not load.draining
         view.since.clear()
+        if self.prefix is not None:
+            self.prefix.set_block_size(load.block_size)
 
     def up_replicas(self, exclude: frozenset[str] = frozenset()) -> list[ReplicaView]:
         return [r for r in self.replicas.values() if r.up and r.name not in exclude]
@@ -108,6 +136,8 @@ class RouterCore:
         view = self.replicas[name]
         view.up, view.load = False, None
         view.since.clear()
+        if self.prefix is not None:
+            self.prefix.forget(name)
         lost = list(view.placed.values())
         view.placed.clear()
         replace = [p for p in lost if not p.started]
@@ -125,19 +155,41 @@ class RouterCore:
         return result
 
     # -- requests ----------------------------------------------------------------------------
+    def prefix_keys(self, token_ids=(), text: str = "") -> tuple:
+        """The keys ``Placement.prefix_keys`` wants (empty without prefix affinity)."""
+        return self.prefix.keys(token_ids, text) if self.prefix is not None else ()
+
+    def _cached(self, candidates: list[ReplicaView], placement: Placement) -> dict[str, int]:
+        """Tokens each candidate likely holds, counted only within the load bound."""
+        blocks = self.prefix.cached_blocks(placement.prefix_keys, (r.name for r in candidates))
+        least = min(r.num_requests() for r in candidates)
+        bound = least + max(AFFINITY_MIN_SLACK, AFFINITY_SLACK * least)
+        size = self.prefix.block_size
+        return {r.name: min(blocks[r.name] * size, placement.prompt_tokens - 1)
+                for r in candidates if blocks[r.name] and r.num_requests() <= bound}
+
     def place(self, placement: Placement, exclude: frozenset[str] = frozenset()) -> ReplicaView:
         """Choose a replica for ``placement`` and count it there; NoReplica if none is up."""
+        t0 = time.perf_counter_ns()
         candidates = self.up_replicas(exclude) or self.up_replicas()
         if not candidates:
             raise NoReplica("no scheduler replica is up")
+        if self.prefix is not None and placement.prefix_keys:
+            placement.cached = self._cached(candidates, placement)
         view = self.policy.choose(candidates, placement)
+        if self.prefix is not None:
+            self.num_affinity_hits += placement.cached_on(view.name) > 0
+            self.prefix.record(placement.prefix_keys, view.name)
         placement.replica = view.name
         placement.attempts += 1
         view.placed[placement.request_id] = placement
-        view.since[placement.request_id] = (placement.prompt_tokens,
-                                            placement.predicted_output_len)
+        view.since[placement.request_id] = (
+            placement.prompt_tokens - placement.cached_on(view.name),
+            placement.predicted_output_len)
         view.num_placed += 1
         self.requests[placement.request_id] = placement
+        self.num_placements += 1
+        self.place_ns += time.perf_counter_ns() - t0
         return view
 
     def on_tokens(self, request_id: str, num_tokens: int) -> None:

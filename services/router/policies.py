@@ -5,11 +5,20 @@
 * ``round-robin`` ignores load: each live replica in turn.
 * ``least-loaded``: the fewest unfinished requests (queued + running), as the Gateway API
   Inference Extension's queue-depth scorer and most L7 balancers count load.
-* ``length-aware`` (default): the least predicted wait for a first token. A replica admits a
-  request when its KV pool has room for the queue ahead and the new prompt; it makes room as
-  its requests finish, at a pace set by how many output tokens they are still predicted to
-  generate, through its execution-time model. A replica whose requests are about to finish
-  frees its pool soon, though it holds as many requests as one serving long conversations.
+* ``length-aware`` (default): the least predicted time to the request's last token: the wait
+  for a first token plus the predicted output length times the replica's decode step. A
+  replica admits a request when its KV pool has room for the queue ahead and the new prompt;
+  it makes room as its requests finish, at a pace set by how many output tokens they are
+  still predicted to generate, through its execution-time model. A replica whose requests are
+  about to finish frees its pool soon, though it holds as many requests as one serving long
+  conversations. Once admitted, each step of the request runs with the replica's batch (its
+  execution-time model's per-token and per-request rates), so a long request weighs the batch
+  it joins and a short one the wait.
+  With prefix affinity (``RouterCore``'s, on unless the spec says ``:no-prefix``), the prompt
+  tokens a replica likely holds cached neither wait for room nor need a prefill there.
+* ``prefix-affinity``: the replica with the most of the prompt's leading blocks cached (within
+  the core's load bound), ties to the fewest unfinished requests: llm-d's and Dynamo's
+  overlap-then-load routing, with no length prediction.
 """
 from __future__ import annotations
 
@@ -24,6 +33,7 @@ if TYPE_CHECKING:
 class RouterPolicy(ABC):
     name = "abstract"
     needs_prediction = False
+    uses_prefix = False     # reads ``Placement.cached`` (the core keeps a prefix map for it)
 
     def __init__(self) -> None:
         self._turn = 0
@@ -37,7 +47,7 @@ class RouterPolicy(ABC):
                                             (r.index - start) % max(n, 1)))
 
     @abstractmethod
-    def score(self, replica: ReplicaView, placement: Placement) -> float:
+    def score(self, replica: ReplicaView, placement: Placement) -> float | tuple:
         """Lower is better."""
 
 
@@ -55,12 +65,22 @@ class LeastLoaded(RouterPolicy):
         return replica.num_requests()
 
 
+class PrefixAffinity(RouterPolicy):
+    name = "prefix-affinity"
+    uses_prefix = True
+
+    def score(self, replica, placement) -> tuple[int, int]:
+        return -placement.cached_on(replica.name), replica.num_requests()
+
+
 class LengthAware(RouterPolicy):
     name = "length-aware"
     needs_prediction = True
+    uses_prefix = True
 
     def score(self, replica, placement) -> float:
-        return predicted_wait_s(replica, placement)
+        return predicted_wait_s(replica, placement) + \
+            placement.predicted_output_len * decode_step_s(replica, placement)
 
 
 def predicted_wait_s(replica: ReplicaView, p: Placement) -> float:
@@ -73,7 +93,7 @@ def predicted_wait_s(replica: ReplicaView, p: Placement) -> float:
     predictions of realistic error it trailed ``least-loaded`` on simulated A100s.)"""
     t0, _, beta = replica.rates()
     prefill, decode = replica.pending_tokens()
-    queued = prefill + p.prompt_tokens
+    queued = prefill + p.prompt_tokens - p.cached_on(replica.name)
     free = replica.kv_capacity_tokens() - replica.kv_tokens_used()
     used = max(replica.kv_tokens_used(), 1)
     steps_left = decode / max(replica.num_requests(), 1)
@@ -81,8 +101,31 @@ def predicted_wait_s(replica: ReplicaView, p: Placement) -> float:
     return wait + t0 * queued
 
 
-POLICIES = {cls.name: cls for cls in (RoundRobin, LeastLoaded, LengthAware)}
+def decode_step_s(replica: ReplicaView, p: Placement) -> float:
+    """Seconds per decode step on ``replica`` once the request runs there: the time model's
+    alpha per token of KV the step reads and beta per request in the batch (its fixed
+    per-iteration part is the same on every replica and left out; 0 until the model is
+    fitted). (Placing by the wait alone
+    left pools with room tied whatever their batches, so batches drifted apart and per-token
+    latency with them: on 16 simulated A100s it trailed ``least-loaded`` under the NL target.)"""
+    if replica.load is None or replica.load.rates is None:
+        return 0.0      # the prior's beta is a whole step, not a request's share of one
+    _, alpha, beta = replica.load.rates
+    prefill, _ = replica.pending_tokens()
+    context = replica.kv_tokens_used() + prefill + p.prompt_tokens - p.cached_on(replica.name)
+    return alpha * context + beta * (replica.num_requests() + 1)
+
+
+POLICIES = {cls.name: cls for cls in (RoundRobin, LeastLoaded, PrefixAffinity, LengthAware)}
 DEFAULT_POLICY = LengthAware.name
+NO_PREFIX = ":no-prefix"
+
+
+def parse_router_spec(spec: str, prefix_affinity: bool = True) -> tuple[str, bool]:
+    """``NAME`` or ``NAME:no-prefix`` -> (policy name, prefix affinity on)."""
+    if spec.endswith(NO_PREFIX):
+        return spec[:-len(NO_PREFIX)], False
+    return spec, prefix_affinity
 
 
 def make_router_policy(name: str) -> RouterPolicy:

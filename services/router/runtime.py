@@ -43,16 +43,16 @@ class _Sink:
 
 class Router:
     def __init__(self, core: RouterCore, predictor=None, *, hold_s: float = 30.0,
-                 load_interval_s: float = 0.1, submit_timeout_s: float = 10.0,
+                 load_interval_s: float = 0.1,
                  default_output_len: int = DEFAULT_OUTPUT_LEN):
         self.core, self.predictor = core, predictor
         self.hold_s, self.load_interval_s = hold_s, load_interval_s
-        self.submit_timeout_s = submit_timeout_s
         self.default_output_len = default_output_len
         self.links: dict[str, ReplicaLink] = {}
         self.sinks: dict[str, _Sink] = {}
         self.num_prediction_failures = 0
         self.num_expired = 0        # held past their deadline with no replica up
+        self.num_submit_failures = 0    # a replica's Submit failed (lost, or too slow)
 
     # -- membership --------------------------------------------------------------------------
     def set_replicas(self, names: list[str]) -> None:
@@ -124,7 +124,8 @@ class Router:
             request.predicted_output_len = predicted      # the replica need not predict again
         else:
             predicted = self.default_output_len
-        return Placement(request.request_id, prompt_tokens, predicted)
+        keys = self.core.prefix_keys(request.prompt_token_ids, request.prompt)
+        return Placement(request.request_id, prompt_tokens, predicted, prefix_keys=keys)
 
     async def _predict(self, prompt: str) -> int:
         try:
@@ -151,12 +152,22 @@ class Router:
                 await asyncio.sleep(_POLL_S)
                 continue
             try:
-                await self.links[view.name].submit(sink.request, self.submit_timeout_s)
+                # The rest of the hold: a replica whose streams are open is slow, not lost (a
+                # lost one ends them and is drained), and another is no faster to take it.
+                await self.links[view.name].submit(sink.request,
+                                                   max(0.001, until - time.monotonic()))
                 return
             except grpc.aio.AioRpcError as err:
                 self.core.unplace(placement.request_id)
                 if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     raise Refused(err) from None
+                self.num_submit_failures += 1
+                log.warning("replica %s did not take request %s: %s; trying another", view.name,
+                            placement.request_id, err.details() or err.code())
+                if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    # It may yet add the request after the call gave up: stop it there, so
+                    # that it does not run twice.
+                    asyncio.ensure_future(self.links[view.name].abort(placement.request_id))
                 exclude |= {view.name}        # lost or not subscribed yet: another one
                 if time.monotonic() >= until:
                     raise NoReplica(f"replica {view.name} did not take the request: "

@@ -87,3 +87,13 @@ def test_finished_requests_leave_the_replica():
 def test_unknown_policy_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="length-aware"):
         RouterCore("random")
+
+
+def test_length_aware_with_fitted_rates_joins_the_lighter_batch_when_both_pools_have_room():
+    # Both pools have room and nothing queued: the wait is the same. a runs 30 requests over
+    # 600 tokens of KV, b 5 over 100: each step of a long request is slower on a.
+    rates = (1e-4, 2e-6, 5e-4)
+    reports = dict(a=load(running=30, decode=3000, free=1000 - 38, rates=rates),
+                   b=load(running=5, decode=500, free=1000 - 7, rates=rates))
+    core = core_with("length-aware", **reports)
+    assert [core.place(Placement(f"r{i}", 50, 400)).name for i in range(4)] == ["b"] * 4
