@@ -190,7 +190,7 @@ class EngineCore:
         """Run one iteration. Returns outputs for requests that got tokens or finished."""
         scheduler = self.scheduler
         t0 = time.perf_counter()
-        self._apply_predictions()
+        self._before_schedule()
         out = scheduler.schedule(self.clock())
         if out.is_empty:
             return self._finish_swaps()
@@ -254,7 +254,9 @@ class EngineCore:
             return self._execute_scheduled(out.iteration, out.scheduled)
         return self.executor.execute(self.scheduler.make_executor_input(out, hosts))
 
-    def _apply_predictions(self) -> None:
+    def _before_schedule(self) -> None:
+        if self.prefix_moves is not None:   # landed write-backs need no abandoning if evicted
+            self.prefix_moves.poll()
         if self.predictions is None:
             return
         for rid, prediction in self.predictions.drain():

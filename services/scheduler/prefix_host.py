@@ -10,8 +10,10 @@ manager frees the host copy once it has landed) and ``free`` evicts it. No secon
   iteration writes into it right after, too late to copy it out. So at the end of every step
   the free cached blocks next in the device's eviction order (within ``window`` blocks of it,
   just-freed ones included) start copying out; the copies run beside the next iteration and
-  are waited for after it. Only if the next schedule evicts such a block does the engine
-  wait for its copy before that iteration (which may overwrite it). When the device evicts a
+  are waited for after it. If the next schedule evicts such a block, its write-back is
+  abandoned (the copy may read the block as the iteration overwrites it: its host copy is
+  freed unread), so eviction never waits; only a block whose host copy an upload has already
+  taken must land first. When the device evicts a
   written-back block its key lives on here (same prefix id: the chain past it stays
   reachable). A block evicted before any write-back is dropped, as without the tier.
 * **Bounded LRU, never blocking.** At most ``capacity`` blocks; a write-back into a full tier
@@ -54,9 +56,13 @@ class HostPrefixTier:
         # key -> entry, least recently used first.
         self.entries: OrderedDict[tuple, HostEntry] = OrderedDict()
         self._next = 0
-        self.writing: dict[int, str] = {}      # device block -> owner, copy in flight
-        self.must_wait: set[str] = set()        # of those, evicted: wait before overwriting
-        self.num_written = self.num_uploaded = self.num_evicted = 0
+        self._fresh: list[HostEntry] = []       # written back, copies not yet run
+        # device block -> (owner, key) of its write-back in flight; owners of evicted ones
+        # to wait for before the block is overwritten, or whose copy is abandoned.
+        self.writing: dict[int, tuple[str, tuple]] = {}
+        self.must_wait: set[str] = set()
+        self.abandoned: list[str] = []
+        self.num_written = self.num_uploaded = self.num_evicted = self.num_abandoned = 0
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -67,43 +73,64 @@ class HostPrefixTier:
     def add(self, key: tuple, uid: int) -> HostEntry:
         self._next += 1
         entry = self.entries[key] = HostEntry(f"{HOST_OWNER}{self._next}", uid)
+        self._fresh.append(entry)
         self.num_written += 1
         return entry
 
     def take(self, key: tuple) -> HostEntry:
         """Remove an entry being uploaded (the manager frees its copy once it has landed)."""
         self.num_uploaded += 1
-        return self.entries.pop(key)
+        entry = self.entries.pop(key)
+        entry.fresh = False         # out of the count of fresh entries still here
+        return entry
 
     def evict_lru(self) -> HostEntry | None:
-        """The least recently used entry whose copy has run, removed; None if there is none."""
+        """The least recently used entry whose copy has run, removed; None if there is none
+        (fresh entries are the most recent: this stops at the first one)."""
         for key, entry in self.entries.items():
-            if not entry.fresh:
-                del self.entries[key]
-                self.num_evicted += 1
-                return entry
+            if entry.fresh:
+                return None
+            del self.entries[key]
+            self.num_evicted += 1
+            return entry
         return None
 
     def num_evictable(self) -> int:
-        return sum(1 for e in self.entries.values() if not e.fresh)
+        return len(self.entries) - sum(1 for e in self._fresh if e.fresh)
 
     def evicting(self, block: int) -> None:
-        owner = self.writing.get(block)
-        if owner is not None:
+        """The device evicts ``block``: abandon its write-back if one is in flight."""
+        writing = self.writing.pop(block, None)
+        if writing is None:
+            return
+        owner, key = writing
+        entry = self.entries.get(key)
+        if entry is not None and entry.owner == owner:
+            del self.entries[key]
+            entry.fresh = False
+            self.abandoned.append(owner)
+            self.num_abandoned += 1
+        else:                       # an upload took its host copy: the copy must land first
             self.must_wait.add(owner)
 
-    def settle(self) -> None:
-        """The write-backs in flight have run."""
+    def settle(self) -> int:
+        """The write-backs in flight have run (abandoned ones freed): how many host blocks
+        the abandoned ones held."""
         self.writing.clear()
         self.must_wait.clear()
-        for entry in self.entries.values():
+        for entry in self._fresh:
             entry.fresh = False
+        self._fresh.clear()
+        n = len(self.abandoned)
+        self.abandoned.clear()
+        return n
 
     def drop_owner(self, owner: str) -> bool:
         """Forget the entry of ``owner`` (its write-back failed); whether there was one."""
         for key, entry in self.entries.items():
             if entry.owner == owner:
                 del self.entries[key]
+                entry.fresh = False
                 return True
         return False
 
@@ -162,10 +189,11 @@ def write_back(state, output) -> None:
         if (len(host) >= host.capacity or not state.num_free_host_blocks) and not evict(
                 state, 1, output):
             return
-        entry = host.add(bm.prefix.key_of(block), bm.prefix.uid_of(block))
+        key = bm.prefix.key_of(block)
+        entry = host.add(key, bm.prefix.uid_of(block))
         state.num_free_host_blocks -= 1
         output.prefix_writebacks.append((entry.owner, block))
-        host.writing[block] = entry.owner
+        host.writing[block] = (entry.owner, key)
 
 
 def evict(state, count: int, output) -> bool:

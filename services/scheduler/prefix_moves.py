@@ -1,12 +1,13 @@
 """The serving core's side of the prefix cache's host tier (``prefix_host``): it runs the
 copies the scheduler planned through the KV manager, the same calls as a request's swap.
 
-Write-backs start at the end of a step and run beside the next iteration, unless its
-schedule evicted their block: those are waited for before anything else of that iteration.
-Per iteration: evicted host entries are freed first (a swap-out of the same iteration may need
-their host blocks), then uploads start and run beside the iteration. All copies are waited for
-after it, before the next schedule (the earliest their device blocks are handed out or read). A failed copy loses only the cache entry: a failed write-back forgets
-the host entry, a failed upload un-indexes its device block (recomputed when next needed).
+Write-backs start at the end of a step and run beside the next iteration (one whose block
+that iteration's schedule evicted is abandoned, or, if an upload took its copy, waited for
+first). Per iteration: evicted host entries are freed first (a swap-out of the same iteration
+may need their host blocks), then uploads start and run beside the iteration. All copies are
+waited for after it, before the next schedule (the earliest their device blocks are handed
+out or read). A failed copy loses only the cache entry: a failed write-back forgets the host
+entry, a failed upload un-indexes its device block (recomputed when next needed).
 """
 from __future__ import annotations
 
@@ -28,15 +29,28 @@ class PrefixMoves:
         """End of a step: start writing back the blocks next to be evicted."""
         out = self.state.new_output()
         prefix_host.write_back(self.state, out)
-        self.free(out)
+        self._free(out.prefix_frees)
         self.start(out)
 
+    def poll(self) -> None:
+        """Before a schedule: write-backs that have landed are no longer in flight."""
+        writing = self.state.prefix_host.writing
+        if writing:
+            done = {owner for owner, handle in self._writes if handle.done()}
+            for block in [b for b, (owner, _) in writing.items() if owner in done]:
+                del writing[block]
+
     def free(self, out) -> None:
+        """Before an iteration's swaps: wait for write-backs it must not overwrite, and free
+        the host entries its schedule evicted."""
         must_wait = self.state.prefix_host.must_wait
         for owner, handle in self._writes if must_wait else ():
             if owner in must_wait:
                 self._wait_write(owner, handle)
-        for owner in out.prefix_frees:
+        self._free(out.prefix_frees)
+
+    def _free(self, owners: list[str]) -> None:
+        for owner in owners:
             try:
                 self.kv.free(owner)
             except Exception as exc:  # noqa: BLE001 - a lost cache entry, nothing more
@@ -59,6 +73,7 @@ class PrefixMoves:
         """Wait for the iteration's copies (before its deferred blocks are released)."""
         for owner, handle in self._writes:
             self._wait_write(owner, handle)
+        self._free(self.state.prefix_host.abandoned)     # their blocks were overwritten
         for owner, block, handle in self._uploads:
             try:
                 handle.wait()

@@ -227,8 +227,8 @@ class SchedulerState:
         self.block_manager.release_deferred()
         self.num_free_host_blocks += self.num_pending_host_blocks
         self.num_pending_host_blocks = 0
-        if self.prefix_host is not None:
-            self.prefix_host.settle()
+        if self.prefix_host is not None:     # abandoned write-backs' host blocks are freed
+            self.num_free_host_blocks += self.prefix_host.settle()
 
     def prefix_writeback_failed(self, owner: str) -> None:
         """A write-back's copy failed: the manager dropped its host block."""
@@ -277,7 +277,8 @@ class SchedulerState:
         held = sum(self.config.blocks_for(r.num_computed_tokens) for r in self.requests.values()
                    if r.status is RequestStatus.SWAPPED)
         free, pending = self.num_free_host_blocks, self.num_pending_host_blocks
-        pending += len(self.prefix_host or ())
+        if self.prefix_host is not None:
+            pending += len(self.prefix_host) + len(self.prefix_host.abandoned)
         pending += sum(grow for _, _, grow in self.stream_growth.values())
         assert held + free + pending == self.num_host_blocks, (
             f"host blocks: {held} held + {free} free + {pending} pending or prefix-cached "

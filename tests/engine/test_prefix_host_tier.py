@@ -77,8 +77,9 @@ def test_the_host_tier_turns_an_evicted_prefix_into_a_hit():
     dev, both = results[False][2], results[True][2]
     # Device only: the first turn's blocks were evicted, the next turn recomputes them all.
     assert dev.prefix_cache_hits == 0
-    # With the host tier all 8 blocks come back (uploaded, or one still on the device).
-    assert both.prefix_cache_host_hits >= 28 and both.prefix_cache_hits == 32
+    # With the host tier the blocks come back, uploaded: all 8 but those whose write-back
+    # the first eviction abandoned (it never waits for a copy; at most the 2 it evicted).
+    assert both.prefix_cache_host_hits >= 24 and both.prefix_cache_hits >= 24
     assert results[False][1] - results[True][1] == both.prefix_cache_hits
 
 
@@ -87,7 +88,8 @@ def test_a_full_host_tier_evicts_its_least_recently_used_blocks():
     _evicting_session(engine)
     host = engine.scheduler.state.prefix_host
     assert len(host) <= 4 and host.num_evicted > 0
-    assert host.num_written == host.num_evicted + host.num_uploaded + len(host)
+    assert host.num_written == (host.num_evicted + host.num_uploaded + host.num_abandoned
+                                + len(host))
     engine.kv_manager.check_integrity()
 
 
@@ -95,10 +97,10 @@ def test_an_abort_while_its_upload_is_in_flight_leaves_no_reference():
     engine, _ = _engine(True)
     first = list(range(40, 72))
     reference = _evicting_session(engine)[-1]
-    _, _ = engine, None
     for i in range(3):             # evict the conversation's blocks again
         _serve(engine, f"more{i}", [110 + i] * 36)
     kv, state = engine.kv_manager, engine.scheduler.state
+    uploaded_before = engine.stats().prefix_cache_host_hits
     swap_in = kv.swap_in
 
     def abort_mid_copy(owner, blocks):
@@ -110,12 +112,14 @@ def test_an_abort_while_its_upload_is_in_flight_leaves_no_reference():
     engine.add_request("t3", prompt_token_ids=first + list(range(72, 80)), sampling_params=PARAMS)
     engine.step()                           # integrity is checked after the step
     kv.swap_in = swap_in
+    uploaded = engine.stats().prefix_cache_host_hits - uploaded_before
+    assert uploaded > 0
     assert "t3" not in state.requests and not state.fetching
     assert not engine.scheduler.block_manager.owners()
     # The uploaded blocks landed as free cached blocks: the next turn finds them on the device.
     hits = engine.stats().prefix_cache_hits
     assert _serve(engine, "t4", first + list(range(72, 80))) == reference
-    assert engine.stats().prefix_cache_hits - hits == 36
+    assert engine.stats().prefix_cache_hits - hits >= uploaded
 
 
 def test_a_request_id_in_the_reserved_namespace_is_refused():
