@@ -104,7 +104,8 @@ def _sim_text(sim: list[dict], ideal: float, q: dict) -> str:
             f"{ideal:.1%} (an unbounded cache; the hit rate counts readmissions after "
             f"preemption too). Highest served rate with mean TTFT under {slo:g} ms (req/s, "
             f"interpolated between the trace replayed at "
-            f"{1 / max(q['scales']):.2f}x-{1 / min(q['scales']):.2f}x its speed): {rates}. {_alise_text(sim)}")
+            f"{1 / max(q['scales']):.2f}x-{1 / min(q['scales']):.2f}x its speed): {rates}. "
+            f"{_alise_text(sim)}")
 
 
 def _cpu_text(cpu: list[dict], p: dict, shared: str) -> str:

@@ -69,5 +69,6 @@ def test_the_simulated_host_tier_turns_evictions_into_hits():
     assert host.stats["prefix_cache_host_hits"] > 0
     assert host.stats["prefix_cache_hits"] > device.stats["prefix_cache_hits"]
     # Prefill tokens computed: the same prompts, fewer of them recomputed.
-    computed = lambda run: run.stats["prefix_cache_queries"] - run.stats["prefix_cache_hits"]  # noqa: E731
+    def computed(run):
+        return run.stats["prefix_cache_queries"] - run.stats["prefix_cache_hits"]
     assert computed(host) < computed(device)
