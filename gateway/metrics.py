@@ -28,6 +28,8 @@ STAT_GAUGES = {
                            "completion records waiting for Kafka"),
     "num_cached_blocks": ("lenserve_prefix_cache_blocks",
                           "device KV blocks whose KV the prefix cache indexes"),
+    "num_host_cached_blocks": ("lenserve_prefix_cache_host_blocks",
+                               "host KV blocks the prefix cache's host tier holds"),
     "prefix_cache_hit_rate": ("lenserve_prefix_cache_hit_rate",
                               "prompt tokens served from the prefix cache / looked up, so far"),
 }
@@ -48,6 +50,8 @@ STAT_COUNTERS = {
                              "prompt tokens looked up in the prefix cache at admissions"),
     "prefix_cache_hits": ("lenserve_prefix_cache_hits",
                           "prompt tokens served from the prefix cache (prefill skipped)"),
+    "prefix_cache_host_hits": ("lenserve_prefix_cache_host_hits",
+                               "of those, prompt tokens uploaded from the host tier"),
     "num_upload_waits": ("lenserve_kv_upload_waits",
                          "swap-ins an iteration waited for before it ran"),
     "num_uploads_ahead": ("lenserve_kv_uploads_ahead",

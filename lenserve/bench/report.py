@@ -43,6 +43,7 @@ _ROWS: list[tuple[str, tuple[str, ...], str]] = [
     ("Scheduler share of JCT (%)", ("schedule_share",), "{:.2%}"),
     ("Prefix cache hit rate (%)", ("prefix_cache_hit_rate",), "{:.1%}"),
     ("Cached prompt tokens", ("prefix_cache_hits",), "{:.0f}"),
+    ("  of them from the host tier", ("prefix_cache_host_hits",), "{:.0f}"),
     ("Upload waits (swap-ins waited for)", ("num_upload_waits",), "{:.0f}"),
     ("Uploads ahead of need", ("num_uploads_ahead",), "{:.0f}"),
 ]

@@ -51,7 +51,8 @@ def build_engine(spec: SimSpec, clock: VirtualClock, time_model=None) -> EngineC
         max_num_batched_tokens=o.max_num_batched_tokens, max_num_seqs=o.max_num_seqs,
         max_model_len=max_model_len(spec), predictor=predictor,
         predictor_seed=o.predictor_seed, swap_space_gib=o.swap_space_gib, kv_int8=o.kv_int8,
-        enable_prefix_caching=o.enable_prefix_caching)
+        enable_prefix_caching=o.enable_prefix_caching,
+        prefix_cache_host_blocks=o.prefix_cache_host_blocks)
     engine = EngineCore(**engine_parts(config, executor,
                                        kv_manager=host_tier(spec, executor, clock)),
                         tokenizer=None, clock=clock, finished_outputs_only=True,
@@ -176,6 +177,7 @@ class _Replay:
                                        "num_iterations": stats.num_iterations,
                                        "prefix_cache_queries": stats.prefix_cache_queries,
                                        "prefix_cache_hits": stats.prefix_cache_hits,
+                                       "prefix_cache_host_hits": stats.prefix_cache_host_hits,
                                        "num_upload_waits": stats.num_upload_waits,
                                        "num_uploads_ahead": stats.num_uploads_ahead})
         return {**counters,

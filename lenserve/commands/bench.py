@@ -242,6 +242,7 @@ def run_bench(args: argparse.Namespace) -> int:
                              max_model_len=args.max_model_len,
                              swap_space_gib=args.swap_space, kv_int8=args.kv_int8,
                              enable_prefix_caching=args.enable_prefix_caching,
+                             prefix_cache_host_blocks=args.prefix_cache_host_blocks,
                              device=args.device, dtype=args.dtype,
                              enforce_eager=args.enforce_eager)
     per_backend = [with_predictor(spec, options, args.predictor) for spec in specs]

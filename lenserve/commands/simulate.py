@@ -142,7 +142,8 @@ def run_simulate(args: argparse.Namespace) -> int:
                              policy_config=tuple(args.policy_config or ()),
                              max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                              swap_space_gib=args.swap_space, kv_int8=args.kv_int8,
-                             enable_prefix_caching=args.enable_prefix_caching)
+                             enable_prefix_caching=args.enable_prefix_caching,
+                             prefix_cache_host_blocks=args.prefix_cache_host_blocks)
     workloads = build_workloads(args, load_samples(args.dataset_name, args.dataset_path),
                                 sample_config(args), rates, tokenizer)
     # What is loaded so far lives for the whole command: keep the cycle collector off it

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from lenserve_contract.proto import common_pb2 as lenserve__contract_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'lenserve_contract/proto/scheduler.proto\x12\x0elenserve.proto\x1a$lenserve_contract/proto/common.proto\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xe0\x04\n\x0eSchedulerStats\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\x05\x12\x13\n\x0bnum_running\x18\x03 \x01(\x05\x12\x15\n\rnum_preempted\x18\x04 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x05 \x01(\x05\x12\x18\n\x10num_total_blocks\x18\x06 \x01(\x05\x12\x16\n\x0enum_iterations\x18\x07 \x01(\x03\x12\x14\n\x0cnum_finished\x18\x08 \x01(\x03\x12\x17\n\x0fnum_preemptions\x18\t \x01(\x03\x12\x13\n\x0bnum_swapped\x18\n \x01(\x05\x12\x1c\n\x14num_free_host_blocks\x18\x0b \x01(\x05\x12\x17\n\x0fnum_host_blocks\x18\x0c \x01(\x05\x12\x17\n\x0fnum_predictions\x18\r \x01(\x03\x12 \n\x18num_completions_reported\x18\x0e \x01(\x03\x12\x1f\n\x17num_completions_dropped\x18\x0f \x01(\x03\x12\x1b\n\x13num_kafka_published\x18\x10 \x01(\x03\x12\x1a\n\x12num_kafka_buffered\x18\x11 \x01(\x03\x12\x19\n\x11num_kafka_dropped\x18\x12 \x01(\x03\x12\x1c\n\x14prefix_cache_queries\x18\x13 \x01(\x03\x12\x19\n\x11prefix_cache_hits\x18\x14 \x01(\x03\x12\x19\n\x11num_cached_blocks\x18\x15 \x01(\x05\x12\x18\n\x10num_upload_waits\x18\x16 \x01(\x03\x12\x19\n\x11num_uploads_ahead\x18\x17 \x01(\x03\")\n\x10SubscribeRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\"8\n\nStepChunks\x12*\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1a.lenserve.proto.TokenChunk\"P\n\rSubmitRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12(\n\x07request\x18\x02 \x01(\x0b\x32\x17.lenserve.proto.Request\"\x10\n\x0eSubmitResponse\"!\n\x0bLoadRequest\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"\x80\x02\n\x0bReplicaLoad\x12-\n\x05stats\x18\x01 \x01(\x0b\x32\x1e.lenserve.proto.SchedulerStats\x12\x12\n\nblock_size\x18\x02 \x01(\x05\x12\x1d\n\x15queued_prefill_tokens\x18\x03 \x01(\x03\x12\x1f\n\x17remaining_decode_tokens\x18\x04 \x01(\x03\x12\x17\n\x0fnum_unpredicted\x18\x05 \x01(\x05\x12\x14\n\x0crates_fitted\x18\x06 \x01(\x08\x12\x0c\n\x04t0_s\x18\x07 \x01(\x01\x12\x0f\n\x07\x61lpha_s\x18\x08 \x01(\x01\x12\x0e\n\x06\x62\x65ta_s\x18\t \x01(\x01\x12\x10\n\x08\x64raining\x18\n \x01(\x08\x32\xc5\x03\n\x10SchedulerService\x12\x41\n\x08Generate\x12\x17.lenserve.proto.Request\x1a\x1a.lenserve.proto.TokenChunk0\x01\x12K\n\tSubscribe\x12 .lenserve.proto.SubscribeRequest\x1a\x1a.lenserve.proto.StepChunks0\x01\x12G\n\x06Submit\x12\x1d.lenserve.proto.SubmitRequest\x1a\x1e.lenserve.proto.SubmitResponse\x12\x44\n\x05\x41\x62ort\x12\x1c.lenserve.proto.AbortRequest\x1a\x1d.lenserve.proto.AbortResponse\x12H\n\x08GetStats\x12\x1c.lenserve.proto.StatsRequest\x1a\x1e.lenserve.proto.SchedulerStats\x12H\n\nStreamLoad\x12\x1b.lenserve.proto.LoadRequest\x1a\x1b.lenserve.proto.ReplicaLoad0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'lenserve_contract/proto/scheduler.proto\x12\x0elenserve.proto\x1a$lenserve_contract/proto/common.proto\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xa0\x05\n\x0eSchedulerStats\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\x05\x12\x13\n\x0bnum_running\x18\x03 \x01(\x05\x12\x15\n\rnum_preempted\x18\x04 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x05 \x01(\x05\x12\x18\n\x10num_total_blocks\x18\x06 \x01(\x05\x12\x16\n\x0enum_iterations\x18\x07 \x01(\x03\x12\x14\n\x0cnum_finished\x18\x08 \x01(\x03\x12\x17\n\x0fnum_preemptions\x18\t \x01(\x03\x12\x13\n\x0bnum_swapped\x18\n \x01(\x05\x12\x1c\n\x14num_free_host_blocks\x18\x0b \x01(\x05\x12\x17\n\x0fnum_host_blocks\x18\x0c \x01(\x05\x12\x17\n\x0fnum_predictions\x18\r \x01(\x03\x12 \n\x18num_completions_reported\x18\x0e \x01(\x03\x12\x1f\n\x17num_completions_dropped\x18\x0f \x01(\x03\x12\x1b\n\x13num_kafka_published\x18\x10 \x01(\x03\x12\x1a\n\x12num_kafka_buffered\x18\x11 \x01(\x03\x12\x19\n\x11num_kafka_dropped\x18\x12 \x01(\x03\x12\x1c\n\x14prefix_cache_queries\x18\x13 \x01(\x03\x12\x19\n\x11prefix_cache_hits\x18\x14 \x01(\x03\x12\x19\n\x11num_cached_blocks\x18\x15 \x01(\x05\x12\x18\n\x10num_upload_waits\x18\x16 \x01(\x03\x12\x19\n\x11num_uploads_ahead\x18\x17 \x01(\x03\x12\x1e\n\x16prefix_cache_host_hits\x18\x18 \x01(\x03\x12\x1e\n\x16num_host_cached_blocks\x18\x19 \x01(\x05\")\n\x10SubscribeRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\"8\n\nStepChunks\x12*\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1a.lenserve.proto.TokenChunk\"P\n\rSubmitRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12(\n\x07request\x18\x02 \x01(\x0b\x32\x17.lenserve.proto.Request\"\x10\n\x0eSubmitResponse\"!\n\x0bLoadRequest\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"\x80\x02\n\x0bReplicaLoad\x12-\n\x05stats\x18\x01 \x01(\x0b\x32\x1e.lenserve.proto.SchedulerStats\x12\x12\n\nblock_size\x18\x02 \x01(\x05\x12\x1d\n\x15queued_prefill_tokens\x18\x03 \x01(\x03\x12\x1f\n\x17remaining_decode_tokens\x18\x04 \x01(\x03\x12\x17\n\x0fnum_unpredicted\x18\x05 \x01(\x05\x12\x14\n\x0crates_fitted\x18\x06 \x01(\x08\x12\x0c\n\x04t0_s\x18\x07 \x01(\x01\x12\x0f\n\x07\x61lpha_s\x18\x08 \x01(\x01\x12\x0e\n\x06\x62\x65ta_s\x18\t \x01(\x01\x12\x10\n\x08\x64raining\x18\n \x01(\x08\x32\xc5\x03\n\x10SchedulerService\x12\x41\n\x08Generate\x12\x17.lenserve.proto.Request\x1a\x1a.lenserve.proto.TokenChunk0\x01\x12K\n\tSubscribe\x12 .lenserve.proto.SubscribeRequest\x1a\x1a.lenserve.proto.StepChunks0\x01\x12G\n\x06Submit\x12\x1d.lenserve.proto.SubmitRequest\x1a\x1e.lenserve.proto.SubmitResponse\x12\x44\n\x05\x41\x62ort\x12\x1c.lenserve.proto.AbortRequest\x1a\x1d.lenserve.proto.AbortResponse\x12H\n\x08GetStats\x12\x1c.lenserve.proto.StatsRequest\x1a\x1e.lenserve.proto.SchedulerStats\x12H\n\nStreamLoad\x12\x1b.lenserve.proto.LoadRequest\x1a\x1b.lenserve.proto.ReplicaLoad0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,19 +39,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATSREQUEST']._serialized_start=165
   _globals['_STATSREQUEST']._serialized_end=179
   _globals['_SCHEDULERSTATS']._serialized_start=182
-  _globals['_SCHEDULERSTATS']._serialized_end=790
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=792
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=833
-  _globals['_STEPCHUNKS']._serialized_start=835
-  _globals['_STEPCHUNKS']._serialized_end=891
-  _globals['_SUBMITREQUEST']._serialized_start=893
-  _globals['_SUBMITREQUEST']._serialized_end=973
-  _globals['_SUBMITRESPONSE']._serialized_start=975
-  _globals['_SUBMITRESPONSE']._serialized_end=991
-  _globals['_LOADREQUEST']._serialized_start=993
-  _globals['_LOADREQUEST']._serialized_end=1026
-  _globals['_REPLICALOAD']._serialized_start=1029
-  _globals['_REPLICALOAD']._serialized_end=1285
-  _globals['_SCHEDULERSERVICE']._serialized_start=1288
-  _globals['_SCHEDULERSERVICE']._serialized_end=1741
+  _globals['_SCHEDULERSTATS']._serialized_end=854
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=856
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=897
+  _globals['_STEPCHUNKS']._serialized_start=899
+  _globals['_STEPCHUNKS']._serialized_end=955
+  _globals['_SUBMITREQUEST']._serialized_start=957
+  _globals['_SUBMITREQUEST']._serialized_end=1037
+  _globals['_SUBMITRESPONSE']._serialized_start=1039
+  _globals['_SUBMITRESPONSE']._serialized_end=1055
+  _globals['_LOADREQUEST']._serialized_start=1057
+  _globals['_LOADREQUEST']._serialized_end=1090
+  _globals['_REPLICALOAD']._serialized_start=1093
+  _globals['_REPLICALOAD']._serialized_end=1349
+  _globals['_SCHEDULERSERVICE']._serialized_start=1352
+  _globals['_SCHEDULERSERVICE']._serialized_end=1805
 # @@protoc_insertion_point(module_scope)

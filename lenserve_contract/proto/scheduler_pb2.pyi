@@ -24,7 +24,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SchedulerStats(_message.Message):
-    __slots__ = ("policy", "num_waiting", "num_running", "num_preempted", "num_free_blocks", "num_total_blocks", "num_iterations", "num_finished", "num_preemptions", "num_swapped", "num_free_host_blocks", "num_host_blocks", "num_predictions", "num_completions_reported", "num_completions_dropped", "num_kafka_published", "num_kafka_buffered", "num_kafka_dropped", "prefix_cache_queries", "prefix_cache_hits", "num_cached_blocks", "num_upload_waits", "num_uploads_ahead")
+    __slots__ = ("policy", "num_waiting", "num_running", "num_preempted", "num_free_blocks", "num_total_blocks", "num_iterations", "num_finished", "num_preemptions", "num_swapped", "num_free_host_blocks", "num_host_blocks", "num_predictions", "num_completions_reported", "num_completions_dropped", "num_kafka_published", "num_kafka_buffered", "num_kafka_dropped", "prefix_cache_queries", "prefix_cache_hits", "num_cached_blocks", "num_upload_waits", "num_uploads_ahead", "prefix_cache_host_hits", "num_host_cached_blocks")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,8 @@ class SchedulerStats(_message.Message):
     NUM_CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_UPLOAD_WAITS_FIELD_NUMBER: _ClassVar[int]
     NUM_UPLOADS_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HOST_HITS_FIELD_NUMBER: _ClassVar[int]
+    NUM_HOST_CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     policy: str
     num_waiting: int
     num_running: int
@@ -71,7 +73,9 @@ class SchedulerStats(_message.Message):
     num_cached_blocks: int
     num_upload_waits: int
     num_uploads_ahead: int
-    def __init__(self, policy: _Optional[str] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_preempted: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_iterations: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_swapped: _Optional[int] = ..., num_free_host_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_predictions: _Optional[int] = ..., num_completions_reported: _Optional[int] = ..., num_completions_dropped: _Optional[int] = ..., num_kafka_published: _Optional[int] = ..., num_kafka_buffered: _Optional[int] = ..., num_kafka_dropped: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., num_upload_waits: _Optional[int] = ..., num_uploads_ahead: _Optional[int] = ...) -> None: ...
+    prefix_cache_host_hits: int
+    num_host_cached_blocks: int
+    def __init__(self, policy: _Optional[str] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_preempted: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_iterations: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_swapped: _Optional[int] = ..., num_free_host_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_predictions: _Optional[int] = ..., num_completions_reported: _Optional[int] = ..., num_completions_dropped: _Optional[int] = ..., num_kafka_published: _Optional[int] = ..., num_kafka_buffered: _Optional[int] = ..., num_kafka_dropped: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., num_upload_waits: _Optional[int] = ..., num_uploads_ahead: _Optional[int] = ..., prefix_cache_host_hits: _Optional[int] = ..., num_host_cached_blocks: _Optional[int] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("subscriber_id",)

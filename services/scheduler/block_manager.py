@@ -234,6 +234,29 @@ class BlockManager:
             i += 1
         chain[0], chain[1] = i, parent
 
+    def upload_target(self, key: tuple, uid: int) -> int:
+        """A free block for a host tier upload of ``key``: indexed now, held by nobody, and
+        kept out of the free lists (unclaimable) until ``release_deferred`` after the copy."""
+        if self._free:
+            block = self._free.pop()
+        else:
+            block = self.prefix.evict_lru()
+        self.prefix.index(block, key, uid)
+        self._deferred.append(block)
+        return block
+
+    def writeback_candidates(self, window: int) -> list[int]:
+        """Free cached blocks within ``window`` allocations of eviction whose key the host
+        tier lacks, next to be evicted first."""
+        prefix, found = self.prefix, []
+        host, key_of = prefix.host.entries, prefix.key_of
+        for i, block in enumerate(prefix.free_cached, len(self._free)):
+            if i >= window:
+                break
+            if key_of(block) not in host:
+                found.append(block)
+        return found
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached KV (the executor lost its KV pool): nothing is served from it
         again, and free cached blocks become plain free blocks."""

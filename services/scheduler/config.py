@@ -20,6 +20,8 @@ class SchedulerConfig:
     # What besides the tokens determines a block's KV (model, dtype, adapter): the root of
     # every cached prefix, so two configurations never share KV.
     cache_namespace: tuple[str, ...] = ()
+    # Host blocks the prefix cache may keep, out of the host KV tier (``prefix_host``); 0: none.
+    prefix_cache_host_blocks: int = 0
 
     def __post_init__(self) -> None:
         positive = ("num_gpu_blocks", "block_size", "max_model_len", "max_num_batched_tokens",
@@ -27,6 +29,9 @@ class SchedulerConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prefix_cache_host_blocks < 0:
+            raise ValueError(f"prefix_cache_host_blocks must be >= 0, got "
+                             f"{self.prefix_cache_host_blocks}")
         # A request that may grow to max_model_len must fit in the pool on its own, or the
         # recompute-preemption loop could evict it forever without making progress.
         if self.max_model_len > self.kv_capacity_tokens:

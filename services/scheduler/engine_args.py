@@ -33,6 +33,10 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, policy: bool = False) ->
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="recompute every prompt in full instead of sharing the KV of prefixes "
                         "already computed (automatic prefix caching is on by default)")
+    p.add_argument("--prefix-cache-host-blocks", type=int, default=0, metavar="N",
+                   help="keep up to N cached prefix blocks the device evicts in the host KV "
+                        "tier (--swap-space) and upload them on a later hit; swapped requests "
+                        "take precedence over them (0: cached blocks are dropped on eviction)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="run decode iterations eagerly instead of replaying CUDA graphs")
 
@@ -43,4 +47,5 @@ def engine_options(args: argparse.Namespace) -> dict:
             "predictor_seed": args.predictor_seed, "num_gpu_blocks": args.num_gpu_blocks,
             "max_num_seqs": args.max_num_seqs, "swap_space_gib": args.swap_space,
             "kv_int8": args.kv_int8, "enforce_eager": args.enforce_eager,
-            "enable_prefix_caching": args.enable_prefix_caching}
+            "enable_prefix_caching": args.enable_prefix_caching,
+            "prefix_cache_host_blocks": args.prefix_cache_host_blocks}

@@ -34,6 +34,7 @@ from services.scheduler.params_check import (
     truncate_prompt,
 )
 from services.scheduler.predictions import PredictionPump
+from services.scheduler.prefix_moves import PrefixMoves
 from services.scheduler.profile import StepProfile
 from services.scheduler.request import FinishReason, Request
 from services.scheduler.scheduler import Scheduler, SchedulerStats
@@ -92,6 +93,8 @@ class EngineCore:
         # the policy did not issue ahead), and those issued ahead, which it did not.
         self.num_upload_waits = self.num_uploads_ahead = 0
         self.profile = StepProfile()
+        self.prefix_moves = (PrefixMoves(self.scheduler.state, kv_manager)
+                             if self.scheduler.state.prefix_host is not None else None)
         # An ``ExecutionTimeModel`` fed every executed iteration, for a replica's load report
         # (a router places by it); None: only a policy that owns one fits it.
         self.time_model = time_model
@@ -216,7 +219,7 @@ class EngineCore:
     def _step(self) -> list[RequestOutput]:
         scheduler = self.scheduler
         t0 = time.perf_counter()
-        self._apply_predictions()
+        self._before_schedule()
         out = scheduler.schedule(self.clock())
         if out.is_empty:
             if self.grammar_gate and not scheduler.has_unfinished_requests():
@@ -255,6 +258,8 @@ class EngineCore:
             self._record_logprobs(result)
         if self.time_model is not None:     # after the update, as a policy's own model sees it
             self.time_model.observe_iteration(out, result)
+        if self.prefix_moves is not None:   # blocks next to be evicted copy out meanwhile
+            self.prefix_moves.write_back()
         scheduler.state.settle_streams()
         if self.finished_outputs_only:
             updated = scheduler.finished_in_update
@@ -280,7 +285,9 @@ class EngineCore:
             return self._execute_scheduled(out.iteration, out.scheduled)
         return self.executor.execute(self.scheduler.make_executor_input(out, hosts))
 
-    def _apply_predictions(self) -> None:
+    def _before_schedule(self) -> None:
+        if self.prefix_moves is not None:   # landed write-backs need no abandoning if evicted
+            self.prefix_moves.poll()
         if self.predictions is None:
             return
         gate = self.grammar_gate
@@ -297,9 +304,17 @@ class EngineCore:
         """Swap-outs start and run on while the iteration executes (their device blocks stay
         reserved until ``_finish_swaps``). A swap-in must land before an iteration reads
         it: one of a request in this batch is waited for now; one of a request the policy
-        uploads ahead (not in this batch) runs beside the iteration, like a swap-out."""
-        if not (out.swapped_out or out.swapped_in):
-            return []
+        uploads ahead (not in this batch) runs beside the iteration, like a swap-out. The
+        prefix cache's host entries are freed first, its copies started last."""
+        moves = self.prefix_moves
+        if moves is not None:
+            moves.free(out)
+        failed = self._swap_requests(out) if out.swapped_out or out.swapped_in else []
+        if moves is not None:
+            moves.start(out)
+        return failed
+
+    def _swap_requests(self, out: SchedulerOutput) -> list[RequestOutput]:
         if self.kv_manager is None:
             raise RuntimeError("the policy swapped KV but the engine has no KV manager")
         failed, handles, batch = [], [], None
@@ -333,6 +348,8 @@ class EngineCore:
             except Exception as exc:  # the copy is over either way; its swap-in will say why
                 logger.error("a swap-out failed: %s", exc)
         self._swap_outs.clear()
+        if self.prefix_moves is not None:
+            self.prefix_moves.finish()
         self.scheduler.release_swapped_blocks()
         return [f for f in failed if f is not None]
 
@@ -361,6 +378,8 @@ class EngineCore:
             swapped = {rid for rid, r in self.scheduler.state.requests.items()
                        if r.status.value == "swapped"}
             assert all(self.kv_manager.holds(rid) for rid in swapped), "swapped KV not on host"
+            if self.prefix_moves is not None:
+                self.prefix_moves.check()
 
     def _fail_batch(self, out: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         failed = []

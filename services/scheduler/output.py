@@ -36,6 +36,11 @@ class SchedulerOutput:
     # FluidInfer: ids of the scheduled requests whose KV stays in the host tier (status
     # SWAPPED) and streams through attention layer by layer.
     streamed: set[str] = field(default_factory=set)
+    # The prefix cache's host tier (``prefix_host``), as KV manager owners: entries evicted
+    # (freed before any copy), then blocks written back and uploaded (owner, device block).
+    prefix_frees: list[str] = field(default_factory=list)
+    prefix_writebacks: list[tuple[str, int]] = field(default_factory=list)
+    prefix_uploads: list[tuple[str, int]] = field(default_factory=list)
 
     def add(self, request: Request, num_new_tokens: int) -> None:
         self.scheduled.append((request, num_new_tokens))
@@ -43,7 +48,8 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.scheduled or self.swapped_out or self.swapped_in)
+        return not (self.scheduled or self.swapped_out or self.swapped_in or self.prefix_frees
+                    or self.prefix_writebacks or self.prefix_uploads)
 
     @property
     def num_scheduled_requests(self) -> int:

@@ -13,6 +13,10 @@ produce: it is unreachable and leaves with the LRU like any free block.
 Blocks no request holds but whose KV is still indexed wait in an LRU (``free_cached``),
 least recently freed first; they count as free and are evicted (key dropped) only when a
 block is needed and no uncached free block is left.
+
+With a host tier (``prefix_host``), an evicted key may live on in host memory under the same
+prefix id: ``match_tiers`` follows a chain through both tiers, and indexing a key the host
+holds reuses its id, so the chain past it stays one chain.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ class PrefixIndex:
         # Free blocks whose KV is still indexed, least recently freed first.
         self.free_cached: OrderedDict[int, None] = OrderedDict()
         self.num_evicted = 0
+        self.host = None        # a prefix_host.HostPrefixTier, when there is a host tier
 
     def __len__(self) -> int:
         return len(self._block_of)
@@ -52,6 +57,30 @@ class PrefixIndex:
             parent = self._uid_of[block]
         return blocks, parent
 
+    def match_tiers(self, token_ids: Sequence[int], max_blocks: int) -> list[tuple]:
+        """The longest cached prefix of ``token_ids`` over device and host: one ``(key,
+        device block or None)`` per block, None where only the host tier holds it."""
+        bs, found, parent, get = self.block_size, [], self.root, self._block_of.get
+        host = self.host.entries if self.host is not None else {}
+        for i in range(max_blocks):
+            key = (parent, tuple(token_ids[i * bs:(i + 1) * bs]))
+            block = get(key)
+            if block is not None:
+                parent = self._uid_of[block]
+            elif key in host:
+                parent = host[key].uid
+            else:
+                break
+            found.append((key, block))
+        return found
+
+    def key_of(self, block: int) -> Key:
+        return self._key_of[block]
+
+    def uid_of_key(self, key: Key) -> int | None:
+        block = self._block_of.get(key)
+        return None if block is None else self._uid_of[block]
+
     def insert(self, block: int, parent: object, tokens: tuple) -> int:
         """Index ``block`` as holding ``tokens`` after prefix ``parent``; returns the prefix
         id of that content. If another block already holds it, that one stays indexed and
@@ -60,12 +89,19 @@ class PrefixIndex:
         held = self._block_of.get(key)
         if held is not None:
             return self._uid_of[held]
+        entry = self.host.get(key) if self.host is not None else None
+        if entry is not None:
+            return self.index(block, key, entry.uid)     # the host holds it: same prefix id
+        self._next_uid += 1
+        return self.index(block, key, self._next_uid)
+
+    def index(self, block: int, key: Key, uid: int) -> int:
+        """Index ``block`` under ``key`` with prefix id ``uid`` (an upload from the host)."""
         if block in self._key_of:
             raise AssertionError(f"block {block} is indexed twice")
-        self._next_uid += 1
         self._block_of[key], self._key_of[block] = block, key
-        self._uid_of[block] = self._next_uid
-        return self._next_uid
+        self._uid_of[block] = uid
+        return uid
 
     def uid_of(self, block: int) -> int:
         return self._uid_of[block]
@@ -81,6 +117,8 @@ class PrefixIndex:
     def evict_lru(self) -> int:
         """The least recently freed cached block, its KV forgotten."""
         block, _ = self.free_cached.popitem(last=False)
+        if self.host is not None:
+            self.host.evicting(block)       # a write-back still reading it must land first
         self.drop(block)
         self.num_evicted += 1
         return block
@@ -102,3 +140,5 @@ class PrefixIndex:
         for block in self.free_cached:
             assert block in self._key_of, f"free cached block {block} has no key"
             assert refs[block] == 0, f"free cached block {block} has {refs[block]} holders"
+        if self.host is not None:
+            self.host.check(self.uid_of_key)

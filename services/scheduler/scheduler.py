@@ -10,6 +10,7 @@ from lenserve_contract.errors import InvalidRequestError
 from services.executor.types import ExecutorInput, ExecutorOutput, ScheduledSequence
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.output import SchedulerOutput
+from services.scheduler import prefix_host
 from services.scheduler.policy import Policy
 from services.scheduler.request import FinishReason, Prediction, Request, RequestStatus
 from services.scheduler.state import SchedulerState
@@ -43,6 +44,8 @@ class SchedulerStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_cached_blocks: int = 0            # device blocks whose KV is indexed
+    prefix_cache_host_hits: int = 0       # of the hits, tokens uploaded from the host tier
+    num_host_cached_blocks: int = 0       # host blocks the prefix cache holds
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -77,13 +80,19 @@ class Scheduler:
         """Queue a request, or raise InvalidRequestError (nothing else changes)."""
         self.validate(request)
         request.fix_stop_conditions(self.config.max_model_len)
-        self.state.cached_tokens(request)       # what the policy ranks it by
         self.state.add(request)
+        if prefix_host.wants_fetch(self.state, request):
+            self.state.fetching[request.request_id] = prefix_host.FETCH_TRIES  # queued later
+            return
+        self.state.cached_tokens(request)       # what the policy ranks it by
         self.policy.add_request(request)
 
     def validate(self, request: Request) -> None:
         """Raise InvalidRequestError if ``add_request`` would refuse ``request``."""
         cfg, n = self.config, request.num_prompt_tokens
+        if request.request_id.startswith(prefix_host.HOST_OWNER[0]):
+            raise InvalidRequestError("a request id may not start with \\x1f (reserved)",
+                                      field="request_id")
         if request.request_id in self.state.requests:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use",
                                       field="request_id")
@@ -116,7 +125,8 @@ class Scheduler:
         """End a request from outside the token loop (abort, stop string, error)."""
         if request.is_finished:
             return
-        self.policy.remove_request(request)
+        if request.request_id not in self.state.fetching:   # the policy has not seen it yet
+            self.policy.remove_request(request)
         request.stop_reason = stop_reason
         self.state.finish(request, reason)
         self._drop_table(request.request_id)
@@ -127,13 +137,26 @@ class Scheduler:
     def schedule(self, now: float) -> SchedulerOutput:
         state = self.state
         state.now = now
+        if state.fetching:
+            self._queue_fetched()
         output = self.policy.schedule(state, state.budget)
+        if state.prefix_host is not None:
+            prefix_host.plan(state, output)
         state.iteration += 1
         for request in output.preempted:
             self._drop_table(request.request_id)
         for rid, _ in output.swapped_out:
             self._drop_table(rid)
         return output
+
+    def _queue_fetched(self) -> None:
+        """Requests whose host-cached prefix has landed go to the policy."""
+        fetching = self.state.fetching
+        for rid in [rid for rid, tries in fetching.items() if not tries]:
+            del fetching[rid]
+            request = self.state.requests[rid]
+            self.state.cached_tokens(request)
+            self.policy.add_request(request)
 
     def release_swapped_blocks(self) -> None:
         """The iteration's swap copies have finished: the device blocks swap-outs read and the
@@ -264,7 +287,9 @@ class Scheduler:
             num_host_blocks=state.num_host_blocks,
             prefix_cache_queries=state.prefix_query_tokens,
             prefix_cache_hits=state.prefix_hit_tokens,
-            num_cached_blocks=len(state.block_manager.prefix or ()))
+            num_cached_blocks=len(state.block_manager.prefix or ()),
+            prefix_cache_host_hits=state.prefix_host_hit_tokens,
+            num_host_cached_blocks=len(state.prefix_host or ()))
 
     def check_integrity(self) -> None:
         self.state.check_integrity()

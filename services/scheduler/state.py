@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from services.scheduler import prefix_host
 from services.scheduler.block_manager import BlockManager
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.output import Budget, SchedulerOutput
@@ -30,6 +31,7 @@ class SchedulerState:
         # Prompt tokens of admissions that looked the prefix cache up, and those it served.
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
+        self.prefix_host_hit_tokens = 0         # of those, uploaded from the host tier
         self.requests: dict[str, Request] = {}     # unfinished requests only
         # Insertion-ordered: iteration is admission order, popitem() the latest admitted.
         self.running: dict[str, Request] = {}
@@ -59,6 +61,15 @@ class SchedulerState:
         self.iteration = 0
         self.num_finished = 0
         self.num_preemptions = 0
+        # The prefix cache's host tier (``prefix_host``), sharing the host pool; requests
+        # held back while their host-cached prefix uploads (id -> tries left; 0: issued).
+        self.prefix_host: prefix_host.HostPrefixTier | None = None
+        self.fetching: dict[str, int] = {}
+        cap = min(config.prefix_cache_host_blocks, num_host_blocks)
+        if cap > 0 and self.block_manager.prefix is not None:
+            window = 2 * -(-config.max_num_batched_tokens // config.block_size)
+            self.prefix_host = prefix_host.HostPrefixTier(cap, window)
+            self.block_manager.prefix.host = self.prefix_host
 
     def new_output(self) -> SchedulerOutput:
         return SchedulerOutput(iteration=self.iteration)
@@ -143,7 +154,9 @@ class SchedulerState:
         output.preempted.append(request)
 
     def can_swap_out(self, request: Request) -> bool:
-        return self.config.blocks_for(request.num_computed_tokens) <= self.num_free_host_blocks
+        room = self.num_free_host_blocks + (self.prefix_host.num_evictable()
+                                            if self.prefix_host else 0)
+        return self.config.blocks_for(request.num_computed_tokens) <= room
 
     def swap_out(self, request: Request, output: SchedulerOutput) -> bool:
         """Move the request's KV to the host tier; its computed tokens survive. False (and
@@ -154,7 +167,8 @@ class SchedulerState:
         # Only blocks holding computed tokens travel; an allocation made ahead (exact
         # allocation for a predicted length) is simply freed.
         need = self.config.blocks_for(request.num_computed_tokens)
-        if need > self.num_free_host_blocks:
+        short = need - self.num_free_host_blocks
+        if short > 0 and not prefix_host.evict(self, short, output):   # swaps come first
             self.swap_refusals += 1
             output.swap_refusals.append((rid, f"host KV pool has {self.num_free_host_blocks} "
                                               f"free blocks, {need} needed"))
@@ -213,9 +227,23 @@ class SchedulerState:
         self.block_manager.release_deferred()
         self.num_free_host_blocks += self.num_pending_host_blocks
         self.num_pending_host_blocks = 0
+        if self.prefix_host is not None:     # abandoned write-backs' host blocks are freed
+            self.num_free_host_blocks += self.prefix_host.settle()
+
+    def prefix_writeback_failed(self, owner: str) -> None:
+        """A write-back's copy failed: the manager dropped its host block."""
+        if self.prefix_host.drop_owner(owner):
+            self.num_free_host_blocks += 1
+
+    def prefix_upload_failed(self, block: int) -> None:
+        """An upload into ``block`` failed: its KV is garbage, never to be served."""
+        self.block_manager.prefix.drop(block)
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         # Finished requests leave the tracked set, so they drop out of the status counts.
+        # One held back for its host-cached prefix holds nothing: its uploads land as free
+        # cached blocks.
+        self.fetching.pop(request.request_id, None)
         self.block_manager.free(request.request_id)
         self.running.pop(request.request_id, None)
         if request.status is RequestStatus.SWAPPED:
@@ -249,8 +277,12 @@ class SchedulerState:
         held = sum(self.config.blocks_for(r.num_computed_tokens) for r in self.requests.values()
                    if r.status is RequestStatus.SWAPPED)
         free, pending = self.num_free_host_blocks, self.num_pending_host_blocks
+        if self.prefix_host is not None:
+            pending += len(self.prefix_host) + len(self.prefix_host.abandoned)
         pending += sum(grow for _, _, grow in self.stream_growth.values())
         assert held + free + pending == self.num_host_blocks, (
-            f"host blocks: {held} held + {free} free + {pending} pending != {self.num_host_blocks}")
+            f"host blocks: {held} held + {free} free + {pending} pending or prefix-cached "
+            f"!= {self.num_host_blocks}")
+        assert set(self.fetching) <= set(self.requests), "a gone request is held back"
         live = Counter(r.status for r in self.requests.values())
         assert +self.counts == +live, f"status counts {dict(self.counts)} != {dict(live)}"

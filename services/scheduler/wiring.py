@@ -39,6 +39,10 @@ class EngineConfig:
     kafka_max_buffered: int = 10_000          # records kept while Kafka is down; then oldest dropped
     swap_space_gib: float = 0.0               # host KV tier (0: none; swapping is refused)
     enable_prefix_caching: bool = True        # share and keep KV of identical prompt prefixes
+    # Host blocks of the swap space the prefix cache may keep evicted blocks in (0: none).
+    # One host budget: the prefix cache uses swap space no swapped request needs, and a swap
+    # evicts its entries rather than being refused; this caps its share.
+    prefix_cache_host_blocks: int = 0
     kv_int8: bool = False                     # channel-wise INT8 for swapped KV
     check_integrity: bool = False    # assert block accounting after every step (tests)
 
@@ -56,6 +60,10 @@ class EngineConfig:
             raise ValueError("kv_int8 (--kv-int8 or the policy's kv_int8 option) compresses "
                              "the host KV tier: give it one with swap_space_gib > 0")
         object.__setattr__(self, "kv_int8", int8)
+        if self.prefix_cache_host_blocks and (self.swap_space_gib <= 0
+                                              or not self.enable_prefix_caching):
+            raise ValueError("prefix_cache_host_blocks keeps cached prefixes in the host KV "
+                             "tier: it needs prefix caching on and swap_space_gib > 0")
 
 
 def build_executor(config: EngineConfig) -> Executor:
@@ -77,7 +85,8 @@ def scheduler_config(config: EngineConfig, executor: Executor) -> SchedulerConfi
         max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
         enable_chunked_prefill=config.enable_chunked_prefill, policy=config.policy,
         policy_config=config.policy_config, enable_prefix_caching=config.enable_prefix_caching,
-        cache_namespace=(info.name, info.dtype))
+        cache_namespace=(info.name, info.dtype),
+        prefix_cache_host_blocks=config.prefix_cache_host_blocks)
 
 
 def build_predictions(config: EngineConfig, model: str, progress=None):

@@ -57,6 +57,21 @@ class HostLink:
                 f"copy ({self.source})")
 
 
+class _Owned(dict):
+    """Host blocks per owner, with their total kept as it changes (the prefix cache's host
+    tier makes thousands of one-block owners: summing them per call was quadratic)."""
+
+    total = 0
+
+    def __setitem__(self, owner: str, n: int) -> None:
+        self.total += n - self.get(owner, 0)
+        super().__setitem__(owner, n)
+
+    def __delitem__(self, owner: str) -> None:
+        self.total -= self[owner]
+        super().__delitem__(owner)
+
+
 class _VirtualHandle(SwapHandle):
     def __init__(self, clock, end: float):
         self._clock, self.end = clock, end
@@ -86,7 +101,7 @@ class SimKVManager(KVManager):
         self._num_blocks = config.swap_space_bytes // self.block_bytes
         self.num_gpu_blocks = info.num_gpu_blocks
         self.block_size = info.block_size
-        self._owned: dict[str, int] = {}            # request -> host blocks
+        self._owned = _Owned()                      # request -> host blocks
         self._streamed: set[str] = set()            # held requests that have streamed
         self._out_end: dict[str, float] = {}        # held: when its swap-out copy ends
         self._in_end: dict[str, float] = {}         # incoming: when its swap-in copy ends
@@ -104,7 +119,7 @@ class SimKVManager(KVManager):
 
     def num_free_host_blocks(self) -> int:
         self._reap()
-        return self._num_blocks - sum(self._owned.values())
+        return self._num_blocks - self._owned.total
 
     def holds(self, request_id: str) -> bool:
         self._reap()
@@ -119,7 +134,7 @@ class SimKVManager(KVManager):
         if request_id in self._in_end:      # its swap-in must land before it is read again
             self.clock.advance_to(self._in_end.pop(request_id))
             del self._owned[request_id]
-        free = self._num_blocks - sum(self._owned.values())
+        free = self._num_blocks - self._owned.total
         if n > free:
             raise HostPoolFullError(request_id, n, free)
         self._owned[request_id] = n
@@ -163,7 +178,7 @@ class SimKVManager(KVManager):
         self.clock.advance_to(self._out_end[request_id])
         need = -(-num_tokens // self.block_size)
         more = need - self._owned[request_id]
-        free = self._num_blocks - sum(self._owned.values())
+        free = self._num_blocks - self._owned.total
         if more > free:
             raise HostPoolFullError(request_id, more, free)
         self._owned[request_id] = need
@@ -183,7 +198,7 @@ class SimKVManager(KVManager):
 
     def stats(self) -> KVStats:
         self._reap()
-        used = sum(self._owned.values())
+        used = self._owned.total
         return KVStats(num_host_blocks=self._num_blocks,
                        num_free_host_blocks=self._num_blocks - used,
                        host_bytes_used=used * self.block_bytes, int8=self.int8,
@@ -194,7 +209,7 @@ class SimKVManager(KVManager):
     def check_integrity(self) -> None:
         assert not set(self._out_end) & set(self._in_end), "a request is held and incoming"
         assert set(self._owned) == set(self._out_end) | set(self._in_end), "owners != swaps"
-        assert sum(self._owned.values()) <= self._num_blocks, "more host blocks owned than exist"
+        assert self._owned.total <= self._num_blocks, "more host blocks owned than exist"
 
     def close(self) -> None:
         self._closed = True

@@ -45,3 +45,30 @@ def test_caching_serves_earlier_turns_and_lowers_ttft():
     assert off.stats["prefix_cache_hits"] == 0
     ttft = lambda run: sum(r.ttft for r in run.records) / len(run.records)  # noqa: E731
     assert ttft(on) < ttft(off)
+
+
+def _run_small_pool(host_blocks: int):
+    """A device pool of ~4 conversations' prompts: cached turns are evicted before their
+    next turn arrives; with a host tier they wait on the host, uploaded over the link."""
+    from services.simulator.host_tier import HostLink
+    block_bytes = SHAPE.kv_bytes_per_token() * 16
+    target = make_target(LinearCostModel(0.002, (1e-4, 0.0, 0.0)), num_gpu_blocks=160,
+                         block_size=16)
+    target = dataclasses.replace(target, shape=dataclasses.replace(SHAPE, max_model_len=2048),
+                                 link=HostLink(block_bytes / 1e-4, block_bytes / 1e-4, 0.0,
+                                               "test"))
+    spec = make_spec("vllm", target, max_model_len=2048,
+                     swap_space_gib=1024 * block_bytes / 2**30,
+                     prefix_cache_host_blocks=host_blocks)
+    return simulate(spec, _workload(), 0.5, show_progress=False)
+
+
+def test_the_simulated_host_tier_turns_evictions_into_hits():
+    device, host = _run_small_pool(0), _run_small_pool(1024)
+    assert device.stats["prefix_cache_host_hits"] == 0
+    assert host.stats["prefix_cache_host_hits"] > 0
+    assert host.stats["prefix_cache_hits"] > device.stats["prefix_cache_hits"]
+    # Prefill tokens computed: the same prompts, fewer of them recomputed.
+    def computed(run):
+        return run.stats["prefix_cache_queries"] - run.stats["prefix_cache_hits"]
+    assert computed(host) < computed(device)

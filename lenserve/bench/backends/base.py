@@ -33,6 +33,7 @@ class BackendOptions:
     swap_space_gib: float = 0.0
     kv_int8: bool = False
     enable_prefix_caching: bool = True
+    prefix_cache_host_blocks: int = 0
     # Where lenserve and the hf-* backends run, in which dtype ("auto": bfloat16 on a GPU or
     # on a CPU with native bf16).
     device: str = "cpu"

@@ -13,7 +13,8 @@ from lenserve_contract.sampling_params import SamplingParams
 
 
 _COUNTERS = ("num_preemptions", "num_iterations", "num_upload_waits", "num_uploads_ahead",
-             "prefix_cache_queries", "prefix_cache_hits")
+             "prefix_cache_queries", "prefix_cache_hits",
+             "prefix_cache_host_hits")
 
 
 @dataclass
@@ -44,7 +45,8 @@ class LenserveBackend(Backend):
                 max_num_batched_tokens=o.max_num_batched_tokens, max_model_len=o.max_model_len,
                 swap_space_gib=o.swap_space_gib, kv_int8=o.kv_int8, device=o.device,
                 dtype=o.dtype, enforce_eager=o.enforce_eager,
-                enable_prefix_caching=o.enable_prefix_caching),
+                enable_prefix_caching=o.enable_prefix_caching,
+                prefix_cache_host_blocks=o.prefix_cache_host_blocks),
                 predictor_progress=_seed_progress)
             if self.learns_from_requests:
                 # Requests go in as token ids (no detokenizing); the predictor reads text: the
@@ -114,6 +116,8 @@ class LenserveBackend(Backend):
         scheduler = getattr(self.engine, "scheduler", None)
         if scheduler is not None:
             scheduler.block_manager.reset_prefix_cache()
+        if getattr(self.engine, "prefix_moves", None) is not None:
+            self.engine.prefix_moves.clear()
 
     def counters(self) -> dict | None:
         stats = getattr(self.engine, "stats", None)

@@ -1,0 +1,208 @@
+"""The host tier of the prefix cache: cached blocks the device evicted, kept in host memory.
+
+A full block of computed KV is immutable, so its bytes may be copied to the host at any time
+and its key (``prefix_cache``'s chained key) names them there as well as on the device. The
+tier reuses the KV manager's swap path, one *owner* per block (``HOST_OWNER`` plus a
+counter, never a request id): ``swap_out`` writes a block back, ``swap_in`` uploads it (the
+manager frees the host copy once it has landed) and ``free`` evicts it. No second copy path.
+
+* **Write-back ahead of eviction.** A block is evicted when an allocation needs it and an
+  iteration writes into it right after, too late to copy it out. So at the end of every step
+  the free cached blocks next in the device's eviction order (within ``window`` blocks of it,
+  just-freed ones included) start copying out; the copies run beside the next iteration and
+  are waited for after it. If the next schedule evicts such a block, its write-back is
+  abandoned (the copy may read the block as the iteration overwrites it: its host copy is
+  freed unread), so eviction never waits; only a block whose host copy an upload has already
+  taken must land first. When the device evicts a
+  written-back block its key lives on here (same prefix id: the chain past it stays
+  reachable). A block evicted before any write-back is dropped, as without the tier.
+* **Bounded LRU, never blocking.** At most ``capacity`` blocks; a write-back into a full tier
+  first evicts the least recently used entry, and a swap-out of a request that finds the host
+  pool short evicts entries too (a swapped request's KV takes precedence over a cache). An
+  entry written back this iteration is never evicted in the same one (its copy has not run).
+* **Uploads overlap, and only their request waits.** A request that arrives with part of its
+  prefix here is held back from its policy for one iteration: its blocks are uploaded into
+  free device blocks (indexed, unclaimable until they land) beside that iteration, then it is
+  queued and finds them on the device as ordinary cached blocks. Nobody else waits. With no
+  free block to upload into, it retries for up to ``FETCH_TRIES`` iterations (where it would
+  have queued for blocks anyway), then is queued without them.
+* **Sharing with swapped requests.** A swapped request's host copy and a cached block are
+  different owners in the host pool: neither is ever freed for the other (one pool, separate
+  blocks).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+HOST_OWNER = "\x1fprefix/"     # request ids may not start with \x1f (checked on arrival)
+# Iterations a held-back request waits for free device blocks to upload into before it is
+# queued without them (it then recomputes those tokens).
+FETCH_TRIES = 4
+
+
+@dataclass(slots=True)
+class HostEntry:
+    owner: str          # the KV manager's owner of the host copy
+    uid: int            # the prefix id the key had on the device
+    fresh: bool = True  # written back this iteration: its copy has not run yet
+
+
+class HostPrefixTier:
+    def __init__(self, capacity: int, window: int):
+        if capacity < 1:
+            raise ValueError(f"a host prefix tier needs >= 1 block, got {capacity}")
+        self.capacity, self.window = capacity, window
+        # key -> entry, least recently used first.
+        self.entries: OrderedDict[tuple, HostEntry] = OrderedDict()
+        self._next = 0
+        self._fresh: list[HostEntry] = []       # written back, copies not yet run
+        # device block -> (owner, key) of its write-back in flight; owners of evicted ones
+        # to wait for before the block is overwritten, or whose copy is abandoned.
+        self.writing: dict[int, tuple[str, tuple]] = {}
+        self.must_wait: set[str] = set()
+        self.abandoned: list[str] = []
+        self.num_written = self.num_uploaded = self.num_evicted = self.num_abandoned = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def get(self, key: tuple) -> HostEntry | None:
+        return self.entries.get(key)
+
+    def add(self, key: tuple, uid: int) -> HostEntry:
+        self._next += 1
+        entry = self.entries[key] = HostEntry(f"{HOST_OWNER}{self._next}", uid)
+        self._fresh.append(entry)
+        self.num_written += 1
+        return entry
+
+    def take(self, key: tuple) -> HostEntry:
+        """Remove an entry being uploaded (the manager frees its copy once it has landed)."""
+        self.num_uploaded += 1
+        entry = self.entries.pop(key)
+        entry.fresh = False         # out of the count of fresh entries still here
+        return entry
+
+    def evict_lru(self) -> HostEntry | None:
+        """The least recently used entry whose copy has run, removed; None if there is none
+        (fresh entries are the most recent: this stops at the first one)."""
+        for key, entry in self.entries.items():
+            if entry.fresh:
+                return None
+            del self.entries[key]
+            self.num_evicted += 1
+            return entry
+        return None
+
+    def num_evictable(self) -> int:
+        return len(self.entries) - sum(1 for e in self._fresh if e.fresh)
+
+    def evicting(self, block: int) -> None:
+        """The device evicts ``block``: abandon its write-back if one is in flight."""
+        writing = self.writing.pop(block, None)
+        if writing is None:
+            return
+        owner, key = writing
+        entry = self.entries.get(key)
+        if entry is not None and entry.owner == owner:
+            del self.entries[key]
+            entry.fresh = False
+            self.abandoned.append(owner)
+            self.num_abandoned += 1
+        else:                       # an upload took its host copy: the copy must land first
+            self.must_wait.add(owner)
+
+    def settle(self) -> int:
+        """The write-backs in flight have run (abandoned ones freed): how many host blocks
+        the abandoned ones held."""
+        self.writing.clear()
+        self.must_wait.clear()
+        for entry in self._fresh:
+            entry.fresh = False
+        self._fresh.clear()
+        n = len(self.abandoned)
+        self.abandoned.clear()
+        return n
+
+    def drop_owner(self, owner: str) -> bool:
+        """Forget the entry of ``owner`` (its write-back failed); whether there was one."""
+        for key, entry in self.entries.items():
+            if entry.owner == owner:
+                del self.entries[key]
+                entry.fresh = False
+                return True
+        return False
+
+    def check(self, device_uid_of_key) -> None:
+        assert len(self.entries) <= self.capacity, "host prefix tier over capacity"
+        owners = [e.owner for e in self.entries.values()]
+        assert len(set(owners)) == len(owners), "two host entries share an owner"
+        for key, entry in self.entries.items():
+            uid = device_uid_of_key(key)
+            assert uid is None or uid == entry.uid, f"key on device and host under two ids"
+
+
+# -- planning, on the scheduler's state (``SchedulerState``) -----------------------------------
+
+def wants_fetch(state, request) -> bool:
+    """Whether part of the request's prompt prefix is cached on the host only."""
+    bm, n = state.block_manager, len(request.token_ids)
+    if not state.prefix_host or n <= bm.block_size:
+        return False
+    found = bm.prefix.match_tiers(request.token_ids, (n - 1) // bm.block_size)
+    return any(block is None for _, block in found)
+
+
+def plan(state, output) -> None:
+    """After the policy: upload the host-cached prefixes of requests held back for them."""
+    fetching = state.fetching
+    for rid, tries in fetching.items():
+        if tries:
+            fetching[rid] = 0 if _upload(state, state.requests[rid], output) else tries - 1
+
+
+def _upload(state, request, output) -> bool:
+    bm, host = state.block_manager, state.prefix_host
+    found = bm.prefix.match_tiers(request.token_ids,
+                                  (len(request.token_ids) - 1) // bm.block_size)
+    keys = [key for key, block in found if block is None]
+    cached = bm.prefix.free_cached
+    for _, block in found:       # its device part: evicted last while the rest uploads
+        if block is not None and block in cached:
+            cached.move_to_end(block)
+    if len(keys) > bm.num_free_blocks:
+        return False
+    for key in keys:
+        entry = host.take(key)
+        block = bm.upload_target(key, entry.uid)
+        output.prefix_uploads.append((entry.owner, block))
+        state.num_pending_host_blocks += 1      # the manager frees it once it has landed
+        state.prefix_host_hit_tokens += bm.block_size
+    return True
+
+
+def write_back(state, output) -> None:
+    """At the end of a step: write back the free cached blocks next in the eviction order."""
+    bm, host = state.block_manager, state.prefix_host
+    for block in bm.writeback_candidates(host.window):
+        if (len(host) >= host.capacity or not state.num_free_host_blocks) and not evict(
+                state, 1, output):
+            return
+        key = bm.prefix.key_of(block)
+        entry = host.add(key, bm.prefix.uid_of(block))
+        state.num_free_host_blocks -= 1
+        output.prefix_writebacks.append((entry.owner, block))
+        host.writing[block] = (entry.owner, key)
+
+
+def evict(state, count: int, output) -> bool:
+    """Free ``count`` host blocks by evicting the tier's least recently used entries; False,
+    and nothing evicted, if too few may go."""
+    host = state.prefix_host
+    if host is None or host.num_evictable() < count:
+        return False
+    for _ in range(count):
+        output.prefix_frees.append(host.evict_lru().owner)
+        state.num_free_host_blocks += 1
+    return True
