@@ -409,6 +409,8 @@ def test_alise_paper_quick_publishes_its_section(tmp_path, monkeypatch):
             "agreement": {"fp": {"token_agreement": 1.0}, "int8": {"token_agreement": 0.9}}}
     monkeypatch.setattr(alise_paper, "upload_waits", lambda *a: real)
     monkeypatch.setattr(alise_paper, "swap_bytes", lambda *a: swap)
+    # Building the disjoint predictor tokenizes the whole ShareGPT file: the bundled seed here.
+    monkeypatch.setattr(alise_paper.alise_runs, "sharegpt_predictor", lambda *a: "embedded")
     assert alise_paper.main(["--quick", "--docs", str(tmp_path),
                              "--raw", str(tmp_path / "raw")]) == 0
     text = (tmp_path / "results.md").read_text()
@@ -416,4 +418,7 @@ def test_alise_paper_quick_publishes_its_section(tmp_path, monkeypatch):
     data = json.loads((tmp_path / "results" / "alise_paper.json").read_text())
     assert {r["policy"] for r in data["fig6"]} == {"orca", "vllm-v0", "vllm", "alise", "oracle"}
     assert {r["policy"] for r in data["fig8"]} == {"ALISE (swap)", "Recompute", "Defer"}
+    assert {r["dataset"] for r in data["fig8"]} == {"alpaca", "sharegpt"}
+    assert {r["panel"] for r in data["fig6"]} == {"opt-13b", "opt-2.7b"}
+    assert len({r["policy"] for r in data["accuracy"]}) == 2
     assert "1.94" in text and "120.0" in text
