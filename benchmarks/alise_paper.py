@@ -44,8 +44,7 @@ FULL = {"panels": {"opt-13b": {"alpaca": {"prompts": 900, "rates": [4, 8, 16, 24
         "swap_blocks": 40}
 QUICK = {"panels": {"opt-13b": {"alpaca": {"prompts": 16, "rates": [64]},
                                 "sharegpt": {"prompts": 12, "rates": [4]}},
-                    "opt-2.7b": {"alpaca": {"prompts": 8, "rates": [64]},
-                                 "sharegpt": {"prompts": 8, "rates": [8]}}},
+                    "opt-2.7b": {"sharegpt": {"prompts": 8, "rates": [8]}}},
          "train": 40, "real": {"prompts": 6, "rate": 4, "blocks": REAL_BLOCKS},
          "swap_blocks": 20}
 PATHS = alise_runs.PATHS
@@ -98,10 +97,10 @@ def sustained(found: list[dict], panel: str, dataset: str, policy: str, slo: flo
         [r for r in found if r["panel"] == panel and r["dataset"] == dataset], policy), slo)
 
 
-def ratio_rows(found: list[dict], panels: list[str]) -> tuple[list[str], dict]:
+def ratio_rows(found: list[dict], panels: dict) -> tuple[list[str], dict]:
     rows, ratios = [], {}
-    for panel in panels:
-        for dataset in ("alpaca", "sharegpt"):
+    for panel, datasets in panels.items():
+        for dataset in datasets:
             for slo in SLOS:
                 a, an = sustained(found, panel, dataset, "alise", slo)
                 v, vn = sustained(found, panel, dataset, "vllm-v0", slo)
@@ -187,13 +186,13 @@ def summary_text(ratios: dict, real: list[dict], params: dict) -> str:
             f"requests, {new['waits_per_1k']:.1f} uploading them ahead of need.")
 
 
-def plot(path: Path, found: list[dict], panels: list[str]) -> None:
+def plot(path: Path, found: list[dict], panels: dict) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from benchmarks.figures import MARKERS
-    keys = [(p, d, f"Fig. 6: {p}, {d}") for p in panels for d in ("alpaca", "sharegpt")]
+    keys = [(p, d, f"Fig. 6: {p}, {d}") for p, datasets in panels.items() for d in datasets]
     keys += [(f"fig8-{d}", d, f"Fig. 8: {MAIN}, {d}, memory protocols")
              for d in ("alpaca", "sharegpt")]
     cols = 4
@@ -224,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     out, params = output.outputs(args, NAME), QUICK if args.quick else FULL
     out.raw.mkdir(parents=True, exist_ok=True)
     start, t0, commands = stamp.take(), time.perf_counter(), []
-    panels = list(params["panels"])
+    panels = params["panels"]
     predictors = {"alpaca": "embedded",
                   "sharegpt": alise_runs.sharegpt_predictor(params, out.raw, commands)}
     fig6 = alise_runs.figure6(params, out.raw, commands, predictors)
