@@ -422,3 +422,15 @@ def test_alise_paper_quick_publishes_its_section(tmp_path, monkeypatch):
     assert {r["panel"] for r in data["fig6"]} == {"opt-13b", "opt-2.7b"}
     assert len({r["policy"] for r in data["accuracy"]}) == 2
     assert "1.94" in text and "120.0" in text
+
+
+def test_prediction_error_reports_how_well_predictions_order_the_requests():
+    from benchmarks.runs import prediction_error
+
+    def reqs(pred):
+        return [{"predicted_len": p, "output_len": t, "error": None}
+                for p, t in zip(pred, [10, 20, 40, 80])]
+    # Same median error, opposite orders: only the rank correlation tells them apart.
+    assert prediction_error(reqs([20, 40, 80, 160]))["rank_correlation"] == pytest.approx(1.0)
+    assert prediction_error(reqs([160, 80, 40, 20]))["rank_correlation"] == pytest.approx(-1.0)
+    assert prediction_error(reqs([5, 10]))["rank_correlation"] is None
