@@ -1,12 +1,16 @@
 """ALISE (paper 001) at its own setting, simulated: Figure 6 (normalized latency against
 request rate, Alpaca and ShareGPT, ``orca``, ``vllm-v0``, ``vllm``, ``alise`` on the embedded
-predictor, ``oracle``) and Figure 8 (ALISE's swapping against Recompute and Defer), on the
-roofline of a V100-32GB with a PCIe 4.0 x16 host link serving OPT-13B (every number an
-estimate), a KV pool of 400 blocks of 16 tokens (~5 GiB, what OPT-13B leaves on the card), a
+predictor, ``oracle``) for OPT-13B, 6.7B and 2.7B, and Figure 8 (ALISE's swapping against
+Recompute and Defer, on Alpaca and ShareGPT), on the roofline of a V100-32GB with a PCIe 4.0
+x16 host link (every number an estimate): OPT-13B with a KV pool of 400 blocks of 16 tokens
+(~5 GiB, what it leaves on the card), the smaller models with what the card leaves them, a
 16 GiB host tier kept in INT8 for every policy, as the paper runs them; the scheduler's CPU
-time and the predictor's latency charged as measured (``services/simulator/data``). Then,
-measured here: the real engine's upload waits per 1,000 iterations without and with ALISE's
-uploads ahead of need, and ``lenserve bench-swap``'s link bytes with and without INT8.
+time and the predictor's latency charged as measured (``services/simulator/data``). On
+ShareGPT the embedded predictor is built from ShareGPT records disjoint from the evaluated
+requests (``alise_runs.sharegpt_predictor``), and ``alise`` is also fed the true lengths with
+log-normal error of the paper's accuracy and of the embedded predictor's. Then, measured here:
+the real engine's upload waits per 1,000 iterations without and with ALISE's uploads ahead of
+need, and ``lenserve bench-swap``'s link bytes with and without INT8.
 
     python3 benchmarks/alise_paper.py [--quick]
 """
@@ -20,71 +24,30 @@ from pathlib import Path
 if __package__ in (None, ""):       # run as a script: the repository root holds benchmarks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import figures, output, runs, stamp, tables
+from benchmarks import alise_runs, figures, output, runs, stamp, tables
 
 NAME = "alise_paper"
-DATA = runs.SHAREGPT.parent
-HW, SHAPE, BLOCKS, HOST_GIB = "v100-32g", "opt-13b", 400, "16"
-FIG6 = ("orca", "vllm-v0", "vllm", "oracle")
+MAIN, BLOCKS = alise_runs.MAIN, alise_runs.BLOCKS[alise_runs.MAIN]
 SLOS = [0.1, 0.2]           # s/token; the paper reads Figure 6 at a 200 ms constraint
 GOALS = {"alpaca": 1.8, "sharegpt": 2.1}
-FULL = {"alpaca": {"prompts": 900, "rates": [4, 8, 16, 24, 32, 48, 64]},
-        "sharegpt": {"prompts": 600, "rates": [0.5, 1, 1.5, 2, 3, 4]},
-        "real": {"prompts": 16, "rate": 4, "blocks": 48}, "swap_blocks": 40}
-QUICK = {"alpaca": {"prompts": 24, "rates": [16, 64]},
-         "sharegpt": {"prompts": 16, "rates": [1, 4]},
-         "real": {"prompts": 6, "rate": 4, "blocks": 48}, "swap_blocks": 20}
-PATHS = {"alpaca": DATA / "alpaca_data_1k_random_subset.json",
-         "sharegpt": DATA / "sharegpt_v3_first_turn.jsonl.gz"}
-FIG8 = (("ALISE (swap)", ()), ("Recompute", ("swap=false",)), ("Defer", ("preemption=false",)))
-
-
-def simulate_args(dataset: str, params: dict, backends: tuple[str, ...], predictor: str,
-                  result: Path, policy_config: tuple[str, ...] = ()) -> list[str]:
-    d = params[dataset]
-    return ["simulate", "--hardware", HW, "--model-shape", SHAPE,
-            "--backends", ",".join(f"sim:{b}" for b in backends), "--predictor", predictor,
-            "--dataset-name", dataset, "--dataset-path", str(PATHS[dataset]),
-            "--num-prompts", str(d["prompts"]),
-            "--sweep-rates", ",".join(f"{r:g}" for r in d["rates"]), "--seed", "0",
-            "--num-gpu-blocks", str(BLOCKS), "--swap-space", HOST_GIB, "--kv-int8",
-            "--disable-tqdm", "--result-json", output.rel(result),
-            "--plot", output.rel(result.with_suffix(".png")),
-            *(("--policy-config", *policy_config) if policy_config else ())]
-
-
-def _run(args: list[str], raw: Path, label: str, commands: list[str],
-         rename: dict[str, str] | None = None) -> list[dict]:
-    runs.lenserve(args, raw / f"{label}.log")
-    commands.append(runs.shown(args))
-    found = runs.load_runs(raw / f"{label}.json", rename)
-    for r, run in zip(found, json.loads((raw / f"{label}.json").read_text())["runs"]):
-        r["dataset"] = label.split("_")[0]
-        r["stats"] = {k: run["summary"].get(k) for k in (
-            "num_preemptions", "num_iterations", "num_upload_waits", "num_uploads_ahead")}
-    return found
-
-
-def figure6(params: dict, raw: Path, commands: list[str]) -> list[dict]:
-    found = []
-    for dataset in ("alpaca", "sharegpt"):
-        base = raw / f"{dataset}_baselines.json"
-        found += _run(simulate_args(dataset, params, FIG6, "none", base), raw,
-                      f"{dataset}_baselines", commands)
-        ours = raw / f"{dataset}_alise.json"
-        found += _run(simulate_args(dataset, params, ("alise",), "embedded", ours), raw,
-                      f"{dataset}_alise", commands)
-    return found
-
-
-def figure8(params: dict, raw: Path, commands: list[str]) -> list[dict]:
-    """On Alpaca with the true lengths, so only the memory protocol differs."""
-    found = []
-    for i, (label, config) in enumerate(FIG8):
-        result = raw / f"alpaca_fig8_{i}.json"
-        found += _run(simulate_args("alpaca", params, ("alise",), "oracle", result, config),
-                      raw, f"alpaca_fig8_{i}", commands, {"alise": label})
-    return found
+# The real engine's pool: blocks of 16 for about 7 mean requests of this sample (its 16
+# ShareGPT requests within 256 tokens average 132 tokens of prompt and reply; 48 blocks held
+# 5.8).
+REAL_BLOCKS = 58
+FULL = {"panels": {"opt-13b": {"alpaca": {"prompts": 900, "rates": [4, 8, 16, 24, 32, 48, 64]},
+                               "sharegpt": {"prompts": 600, "rates": [0.5, 1, 1.5, 2, 3, 4]}},
+                   "opt-6.7b": {"alpaca": {"prompts": 900, "rates": [16, 32, 64, 96, 128, 192]},
+                                "sharegpt": {"prompts": 600, "rates": [2, 4, 8, 12, 16, 24]}},
+                   "opt-2.7b": {"alpaca": {"prompts": 900, "rates": [32, 64, 128, 192, 256, 384]},
+                                "sharegpt": {"prompts": 600, "rates": [8, 16, 32, 48, 64, 96]}}},
+        "train": 3000, "real": {"prompts": 16, "rate": 4, "blocks": REAL_BLOCKS},
+        "swap_blocks": 40}
+QUICK = {"panels": {"opt-13b": {"alpaca": {"prompts": 16, "rates": [64]},
+                                "sharegpt": {"prompts": 12, "rates": [4]}},
+                    "opt-2.7b": {"sharegpt": {"prompts": 8, "rates": [8]}}},
+         "train": 40, "real": {"prompts": 6, "rate": 4, "blocks": REAL_BLOCKS},
+         "swap_blocks": 20}
+PATHS = alise_runs.PATHS
 
 
 def upload_waits(params: dict, raw: Path, commands: list[str]) -> list[dict]:
@@ -128,31 +91,55 @@ def swap_bytes(params: dict, raw: Path, commands: list[str]) -> dict:
     return json.loads(result.read_text())
 
 
-def sustained(found: list[dict], dataset: str, policy: str, slo: float) -> tuple[float, str]:
-    return tables.sustained_rate(
-        tables.nl_points([r for r in found if r["dataset"] == dataset], policy), slo)
+def sustained(found: list[dict], panel: str, dataset: str, policy: str, slo: float
+              ) -> tuple[float, str]:
+    return tables.sustained_rate(tables.nl_points(
+        [r for r in found if r["panel"] == panel and r["dataset"] == dataset], policy), slo)
 
 
-def ratio_rows(found: list[dict]) -> tuple[list[str], dict]:
+def ratio_rows(found: list[dict], panels: dict) -> tuple[list[str], dict]:
     rows, ratios = [], {}
-    for dataset in ("alpaca", "sharegpt"):
-        for slo in SLOS:
-            a, an = sustained(found, dataset, "alise", slo)
-            v, vn = sustained(found, dataset, "vllm-v0", slo)
-            o, on = sustained(found, dataset, "oracle", slo)
-            ratios[dataset, slo] = (a / v if v else float("nan"), a / o if o else float("nan"))
-            note = ">=" if an == ">=" and vn != ">=" else ""
-            rows.append([dataset, f"{slo:g}", f"{vn}{v:.2f}", f"{an}{a:.2f}", f"{on}{o:.2f}",
-                         f"{note}{ratios[dataset, slo][0]:.2f}",
-                         f"{GOALS[dataset]:g}", f"{ratios[dataset, slo][1]:.2f}"])
-    head = ["dataset", "NL SLO (s/token)", "vllm-v0 (req/s)", "alise", "oracle",
+    for panel, datasets in panels.items():
+        for dataset in datasets:
+            for slo in SLOS:
+                a, an = sustained(found, panel, dataset, "alise", slo)
+                v, vn = sustained(found, panel, dataset, "vllm-v0", slo)
+                o, on = sustained(found, panel, dataset, "oracle", slo)
+                r = ratios[panel, dataset, slo] = (a / v if v else float("nan"),
+                                                   a / o if o else float("nan"))
+                note = ">=" if an == ">=" and vn != ">=" else ""
+                rows.append([panel, dataset, f"{slo:g}", f"{vn}{v:.2f}", f"{an}{a:.2f}",
+                             f"{on}{o:.2f}", f"{note}{r[0]:.2f}", f"{GOALS[dataset]:g}",
+                             f"{r[1]:.2f}"])
+    head = ["model", "dataset", "NL SLO (s/token)", "vllm-v0 (req/s)", "alise", "oracle",
             "alise / vllm-v0", "paper's goal", "alise / oracle (goal >= 0.85)"]
     return tables.markdown(head, rows), ratios
 
 
-def nl_table(found: list[dict], dataset: str) -> list[str]:
-    return tables.rate_table([r for r in found if r["dataset"] == dataset],
-                             lambda s: s[tables.NL], "{:.4f}")
+def accuracy_rows(fig6: list[dict], noisy: list[dict]) -> list[str]:
+    """``alise`` on ShareGPT (OPT-13B) fed lengths of known quality, beside ``oracle``."""
+    rows = []
+    main = [r for r in fig6 if r["panel"] == MAIN and r["dataset"] == "sharegpt"]
+    for name in ["alise", *tables.policies(noisy), "oracle"]:
+        part = [r for r in main + noisy if r["policy"] == name]
+        errors = [r["predictions"] for r in part if r.get("predictions")]
+        med = (f"{errors[0]['median_abs_rel_error']:.2f}" if errors else "0")
+        rho = errors[0].get("rank_correlation") if errors else 1.0
+        cells = [("embedded predictor (disjoint training)" if name == "alise" else name),
+                 med, "" if rho is None else f"{rho:.2f}"]
+        for slo in SLOS:
+            rate, note = tables.sustained_rate(tables.nl_points(part, name), slo)
+            v, _ = sustained(fig6, MAIN, "sharegpt", "vllm-v0", slo)
+            cells.append(f"{note}{rate:.2f} ({note}{rate / v:.2f}x)")
+        rows.append(cells)
+    return tables.markdown(["lengths fed to alise", "median rel. error (lowest rate)",
+                            "rank correlation", *(f"req/s at NL <= {s:g} (x vllm-v0)"
+                                                  for s in SLOS)], rows)
+
+
+def nl_table(found: list[dict], panel: str, dataset: str) -> list[str]:
+    return tables.rate_table([r for r in found if r.get("panel") == panel
+                              and r["dataset"] == dataset], lambda s: s[tables.NL], "{:.4f}")
 
 
 def real_table(rows: list[dict]) -> list[str]:
@@ -179,43 +166,52 @@ def swap_table(r: dict) -> list[str]:
 
 
 def summary_text(ratios: dict, real: list[dict], params: dict) -> str:
-    a, s = ratios["alpaca", 0.2], ratios["sharegpt", 0.2]
+    a, s = ratios[MAIN, "alpaca", 0.2], ratios[MAIN, "sharegpt", 0.2]
     old, new = real
+    main = params["panels"][MAIN]
     return (f"**Simulated figures are estimates**: the real serving core and policies on the "
-            f"roofline of a V100-32GB (PCIe 4.0 x16 host link) serving OPT-13B, "
-            f"{params['alpaca']['prompts']} Alpaca and {params['sharegpt']['prompts']} "
-            f"ShareGPT requests per rate (Poisson, seed 0), {BLOCKS} KV blocks of 16 tokens, a "
-            f"{HOST_GIB} GiB INT8 host tier for every policy, the scheduler's CPU time and the "
-            f"embedded predictor's latency charged as measured on this machine. At NL <= 0.2 "
-            f"s/token `alise` sustains {a[0]:.2f}x `vllm-v0`'s rate on Alpaca (paper: 1.8x) "
-            f"and {s[0]:.2f}x on ShareGPT (paper: 2.1x), {a[1]:.2f}x and {s[1]:.2f}x "
-            f"`oracle`'s. The real engine (opt-125m on this CPU, a pool of "
-            f"{old['pool_mean_requests']:.1f} mean requests) waited for "
+            f"roofline of a V100-32GB (PCIe 4.0 x16 host link) serving OPT-13B ({BLOCKS} KV "
+            f"blocks of 16 tokens, ~5 GiB) and OPT-6.7B and 2.7B (the KV the card leaves "
+            f"them), {main['alpaca']['prompts']} Alpaca and {main['sharegpt']['prompts']} "
+            f"ShareGPT requests per rate (Poisson, seed 0), a {alise_runs.HOST_GIB} GiB INT8 "
+            f"host tier for every policy, the scheduler's CPU time and the embedded predictor's "
+            f"latency charged as measured on this machine. On ShareGPT the embedded predictor "
+            f"starts from {params['train']:,} ShareGPT records disjoint from the evaluated "
+            f"requests (the bundled seed holds some of them) and learns from each finished "
+            f"request. On OPT-13B at NL <= 0.2 s/token `alise` sustains {a[0]:.2f}x "
+            f"`vllm-v0`'s rate on Alpaca (paper: 1.8x) and {s[0]:.2f}x on ShareGPT (paper: "
+            f"2.1x), {a[1]:.2f}x and {s[1]:.2f}x `oracle`'s. The real engine (opt-125m on this "
+            f"CPU, a pool of {old['pool_mean_requests']:.1f} mean requests) waited for "
             f"{old['waits_per_1k']:.1f} uploads per 1,000 iterations admitting swapped "
             f"requests, {new['waits_per_1k']:.1f} uploading them ahead of need.")
 
 
-def plot(path: Path, found: list[dict]) -> None:
+def plot(path: Path, found: list[dict], panels: dict) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from benchmarks.figures import MARKERS
-    panels = [("alpaca", "Fig. 6: Alpaca"), ("sharegpt", "Fig. 6: ShareGPT"),
-              ("fig8", "Fig. 8: Alpaca, memory protocols")]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, (key, title) in zip(axes, panels):
-        part = [r for r in found if r.get("panel", r["dataset"]) == key]
+    keys = [(p, d, f"Fig. 6: {p}, {d}") for p, datasets in panels.items() for d in datasets]
+    keys += [(f"fig8-{d}", d, f"Fig. 8: {MAIN}, {d}, memory protocols")
+             for d in ("alpaca", "sharegpt")]
+    cols = 4
+    fig, axes = plt.subplots(-(-len(keys) // cols), cols, figsize=(16, 3.6 * -(-len(keys) // cols)),
+                             squeeze=False)
+    for ax, (panel, dataset, title) in zip(axes.flat, keys):
+        part = [r for r in found if r["panel"] == panel and r["dataset"] == dataset]
         for i, name in enumerate(tables.policies(part)):
             pts = sorted((r["request_rate"], r["summary"][tables.NL]) for r in part
                          if r["policy"] == name)
-            ax.plot(*zip(*pts), marker=MARKERS[i], label=name, markersize=4)
+            ax.plot(*zip(*pts), marker=MARKERS[i % len(MARKERS)], label=name, markersize=4)
         ax.set_yscale("log")
-        ax.set_title(f"{title} (OPT-13B, V100, simulated)", fontsize=8)
+        ax.set_title(f"{title} (V100, simulated)", fontsize=8)
         ax.set_xlabel("request rate (req/s)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6)
-    axes[0].set_ylabel("normalized latency (s/token)")
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("normalized latency (s/token)")
     figures.save(fig, path)
 
 
@@ -227,35 +223,41 @@ def main(argv: list[str] | None = None) -> int:
     out, params = output.outputs(args, NAME), QUICK if args.quick else FULL
     out.raw.mkdir(parents=True, exist_ok=True)
     start, t0, commands = stamp.take(), time.perf_counter(), []
-    fig6 = figure6(params, out.raw, commands)
-    fig8 = figure8(params, out.raw, commands)
-    for r in fig8:
-        r["panel"] = "fig8"
+    panels = params["panels"]
+    predictors = {"alpaca": "embedded",
+                  "sharegpt": alise_runs.sharegpt_predictor(params, out.raw, commands)}
+    fig6 = alise_runs.figure6(params, out.raw, commands, predictors)
+    noisy = alise_runs.accuracy(params, out.raw, commands)
+    fig8 = alise_runs.figure8(params, out.raw, commands)
     real = upload_waits(params, out.raw, commands)
     swap = swap_bytes(params, out.raw, commands)
-    plot(out.file(NAME, "png"), fig6 + fig8)
-    ratio_lines, ratios = ratio_rows(fig6)
+    plot(out.file(NAME, "png"), fig6 + fig8, panels)
+    ratio_lines, ratios = ratio_rows(fig6, panels)
+    fig8_tables = [(f"Fig. 8, {MAIN}, {d}, true lengths: normalized latency (s/token)",
+                    nl_table(fig8, f"fig8-{d}", d)) for d in ("alpaca", "sharegpt")]
     section = output.Section(
         title="ALISE at the paper's setting (Fig. 6, Fig. 8; simulated) and its KV path",
         text=summary_text(ratios, real, params),
         tables=[("Sustained rate under a normalized-latency SLO (interpolated; `>=`: alise "
                  "met it at every tested rate, so the ratio is a lower bound)", ratio_lines),
-                ("Fig. 6, Alpaca: normalized latency (s/token)", nl_table(fig6, "alpaca")),
-                ("Fig. 6, ShareGPT: normalized latency (s/token)", nl_table(fig6, "sharegpt")),
-                ("Fig. 8, Alpaca, true lengths: normalized latency (s/token)",
-                 tables.rate_table(fig8, lambda s: s[tables.NL], "{:.4f}")),
+                (f"What prediction accuracy is worth: `alise` on ShareGPT ({MAIN}) fed the "
+                 "true lengths times exp(N(0, sigma)), against the embedded predictor",
+                 accuracy_rows(fig6, noisy)),
+                *((f"Fig. 6, {MAIN}, {d}: normalized latency (s/token)",
+                   nl_table(fig6, MAIN, d)) for d in ("alpaca", "sharegpt")),
+                *fig8_tables,
                 ("Real engine: upload waits (opt-125m, this CPU, one run each)",
                  real_table(real)),
                 ("`bench-swap`: host-link bytes (opt-125m shape, bf16, this CPU)",
                  swap_table(swap))],
-        figure_alt="normalized latency vs request rate: Fig. 6 Alpaca and ShareGPT, Fig. 8")
+        figure_alt="normalized latency vs request rate: Fig. 6 per model and dataset, Fig. 8")
     output.publish(out, NAME, section, argv=argv, commands=commands,
                    stamp=stamp.finish(start, time.perf_counter() - t0),
-                   data={"params": {**params, "hardware": HW, "model_shape": SHAPE,
-                                    "num_gpu_blocks": BLOCKS, "slos": SLOS},
-                         "ratios": {f"{d}@{s:g}": v for (d, s), v in ratios.items()},
-                         "fig6": fig6, "fig8": fig8, "real_upload_waits": real,
-                         "bench_swap": swap})
+                   data={"params": {**params, "hardware": alise_runs.HW,
+                                    "num_gpu_blocks": alise_runs.BLOCKS, "slos": SLOS},
+                         "ratios": {f"{p}/{d}@{s:g}": v for (p, d, s), v in ratios.items()},
+                         "fig6": fig6, "accuracy": noisy, "fig8": fig8,
+                         "real_upload_waits": real, "bench_swap": swap})
     return 0
 
 

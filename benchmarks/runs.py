@@ -84,4 +84,13 @@ def prediction_error(requests: list[dict]) -> dict | None:
         return None
     rel = np.abs(pairs[:, 0] - pairs[:, 1]) / pairs[:, 1]
     return {"count": len(pairs), "median_abs_rel_error": float(np.median(rel)),
-            "mean_abs_rel_error": float(rel.mean())}
+            "mean_abs_rel_error": float(rel.mean()), "rank_correlation": _spearman(pairs)}
+
+
+def _spearman(pairs: np.ndarray) -> float | None:
+    """Spearman's rank correlation of predicted and true lengths (what a length-ranked
+    scheduler reads from a predictor; ties ranked in order), None below 3 pairs."""
+    if len(pairs) < 3:
+        return None
+    ranks = pairs.argsort(axis=0).argsort(axis=0).astype(float)
+    return float(np.corrcoef(ranks[:, 0], ranks[:, 1])[0, 1])

@@ -37,3 +37,30 @@ class RandomSwapPolicy(VllmPolicy):
         if request in self.swapped:
             self.swapped.remove(request)
         super().remove_request(request)
+
+
+class HeldUploadPolicy(RandomSwapPolicy):
+    """Random swaps, and each swapped-in request kept out of the batch for ``hold`` iterations
+    after its upload starts: an upload issued ahead of need, which the engine need not wait
+    for until its request runs."""
+
+    name = "test-held-upload"
+    hold = 3
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.held: dict[str, int] = {}
+
+    def schedule(self, state, budget):
+        for rid in list(self.held):
+            self.held[rid] -= 1
+            if self.held[rid] <= 0 or rid not in state.running:
+                del self.held[rid]
+        hidden = {rid: state.running.pop(rid) for rid in self.held}
+        try:
+            output = super().schedule(state, budget)
+        finally:
+            state.running.update(hidden)
+        for rid, _ in output.swapped_in:
+            self.held[rid] = self.hold
+        return output

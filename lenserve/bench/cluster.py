@@ -86,7 +86,8 @@ class _ClusterReplay:
                 if out.finished:
                     self._finish(self._record(out, nxt.clock.now))
             bar.update(len(self.done) - finished)
-            if nxt.clock.now == before and len(self.done) == finished:
+            if (nxt.clock.now == before and len(self.done) == finished
+                    and nxt.engine.last_step_empty):
                 self._stalled(nxt, arrival)
 
     def _finish(self, record: RequestRecord) -> None:

@@ -140,7 +140,10 @@ class _Replay:
             before, finished = clock.now, len(self.done)
             self._step()
             bar.update(len(self.done) - finished)
-            if clock.now == before and len(self.done) == finished:
+            # An iteration that only started uploads takes no virtual time (they land in the
+            # background): that is progress, one that ran and moved nothing is not.
+            if (clock.now == before and len(self.done) == finished
+                    and engine.last_step_empty):
                 self._stalled()
 
     def _step(self) -> None:

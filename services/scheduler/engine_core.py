@@ -19,11 +19,12 @@ from lenserve_contract.outputs import CompletionOutput, Logprob, RequestOutput
 from lenserve_contract.sampling_params import SamplingParams
 from services.executor.interface import Executor, ExecutorUnavailableError, StreamError
 from services.executor.types import ExecutorOutput
-from services.kvmanager.interface import KVManager, SwapHandle
+from services.kvmanager.interface import KVManager
 from services.predictor.interface import PredictQuery
 from services.predictor.types import Completion
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.detokenizer import IncrementalDetokenizer
+from services.scheduler.engine_swaps import EngineSwaps
 from services.scheduler.grammar_gate import GrammarGate
 from services.scheduler.output import SchedulerOutput
 from services.scheduler.parallel import Group, ParallelGroups, child_id, child_params, shared_tokens
@@ -85,17 +86,14 @@ class EngineCore:
         self._execute_scheduled = getattr(executor, "execute_scheduled", None)
         self._streams: dict[str, _Stream] = {}
         self.groups = ParallelGroups()      # requests with n > 1
-        self._swap_outs: list[SwapHandle] = []
-        # Swap-ins of requests the iteration does not run (a policy uploading ahead): they
-        # copy while it executes and are waited for after it, before the next one.
-        self._swap_ins_ahead: list[tuple[str, SwapHandle]] = []
-        # Swap-ins an iteration had to wait for before it ran (its own requests': an upload
-        # the policy did not issue ahead), and those issued ahead, which it did not.
-        self.num_upload_waits = self.num_uploads_ahead = 0
-        self.profile = StepProfile()
         self.prefix_moves = (PrefixMoves(self.scheduler.state, kv_manager)
                              if self.scheduler.state.prefix_host is not None else None)
-        # An ``ExecutionTimeModel`` fed every executed iteration, for a replica's load report
+        # The KV copies, waited for only where an iteration needs them (engine_swaps.py).
+        self.swaps = EngineSwaps(self.scheduler, kv_manager, self._fail_request,
+                                 self.prefix_moves)
+        self.last_step_empty = False
+        self.profile = StepProfile()
+        # An ``ExecutionTimeModel fed every executed iteration, for a replica's load report
         # (a router places by it); None: only a policy that owns one fits it.
         self.time_model = time_model
         self.grammar_gate = (GrammarGate(executor.compile_grammar)
@@ -188,8 +186,9 @@ class EngineCore:
                 + len(self.grammar_gate or ()))
 
     def stats(self) -> SchedulerStats:
-        stats = dataclasses.replace(self.scheduler.stats(), num_upload_waits=self.num_upload_waits,
-                                    num_uploads_ahead=self.num_uploads_ahead)
+        stats = dataclasses.replace(self.scheduler.stats(),
+                                    num_upload_waits=self.swaps.num_upload_waits,
+                                    num_uploads_ahead=self.swaps.num_uploads_ahead)
         if self.predictions is None:
             return stats
         return dataclasses.replace(stats, **self.predictions.counters())
@@ -221,12 +220,16 @@ class EngineCore:
         t0 = time.perf_counter()
         self._before_schedule()
         out = scheduler.schedule(self.clock())
+        # Whether the iteration had nothing to run or move (a caller in virtual time tells a
+        # stalled engine from one whose copies land in the background by it).
+        self.last_step_empty = out.is_empty and not self.swaps.uploads
         if out.is_empty:
             if self.grammar_gate and not scheduler.has_unfinished_requests():
                 self.grammar_gate.wait(0.05)    # only compiles pending: no busy loop
-            return self._finish_swaps()
+            # Nothing to run: let the uploads in flight land (a virtual clock moves to them).
+            return self.swaps.drain()
         t1 = time.perf_counter()
-        failed = self._start_swaps(out)
+        failed = self.swaps.start(out)
         hosts = (prepare_streams(scheduler.state, self.kv_manager, out) if out.streamed
                  else None)
         t2 = time.perf_counter()
@@ -238,7 +241,7 @@ class EngineCore:
             disable_streaming(scheduler.state, str(exc))
             scheduler.resend_block_tables()
             scheduler.state.settle_streams()
-            return failed + self._finish_swaps()
+            return failed + self.swaps.finish()
         except Exception as exc:
             if isinstance(exc, ExecutorUnavailableError):
                 logger.error("iteration %d failed: %s", out.iteration, exc)
@@ -247,12 +250,12 @@ class EngineCore:
             self.scheduler.resend_block_tables()
             # The KV pool may be gone with the executor: serve nothing from it again.
             self.scheduler.block_manager.reset_prefix_cache()
-            failed += self._finish_swaps()
+            failed += self.swaps.finish()
             failed += self._fail_batch(out, exc)
             scheduler.state.settle_streams()
             return failed
         t3 = time.perf_counter()
-        failed += self._finish_swaps()
+        failed += self.swaps.finish()
         updated = scheduler.update_from_output(out, result, self.clock())
         if result.top_logprobs:
             self._record_logprobs(result)
@@ -299,69 +302,6 @@ class EngineCore:
                     continue
                 if self.scheduler.set_prediction(child.request_id, prediction) is None:
                     child.prediction = prediction
-
-    def _start_swaps(self, out: SchedulerOutput) -> list[RequestOutput]:
-        """Swap-outs start and run on while the iteration executes (their device blocks stay
-        reserved until ``_finish_swaps``). A swap-in must land before an iteration reads
-        it: one of a request in this batch is waited for now; one of a request the policy
-        uploads ahead (not in this batch) runs beside the iteration, like a swap-out. The
-        prefix cache's host entries are freed first, its copies started last."""
-        moves = self.prefix_moves
-        if moves is not None:
-            moves.free(out)
-        failed = self._swap_requests(out) if out.swapped_out or out.swapped_in else []
-        if moves is not None:
-            moves.start(out)
-        return failed
-
-    def _swap_requests(self, out: SchedulerOutput) -> list[RequestOutput]:
-        if self.kv_manager is None:
-            raise RuntimeError("the policy swapped KV but the engine has no KV manager")
-        failed, handles, batch = [], [], None
-        for is_out, rid, blocks in out.swap_sequence:
-            try:
-                if is_out:
-                    # The token count keeps INT8 scales off the unwritten tail of a block.
-                    tokens = self.scheduler.state.requests[rid].num_computed_tokens
-                    self._swap_outs.append(self.kv_manager.swap_out(rid, blocks, tokens))
-                else:
-                    if batch is None:
-                        batch = {r.request_id for r, _ in out.scheduled}
-                    handle = self.kv_manager.swap_in(rid, blocks)
-                    (handles if rid in batch else self._swap_ins_ahead).append((rid, handle))
-            except Exception as exc:  # noqa: BLE001 - the state and the pool disagree: say so
-                failed.append(self._fail_request(rid, f"swap-{'out' if is_out else 'in'} "
-                                                      f"failed: {exc}"))
-        self.num_upload_waits += len(handles)
-        self.num_uploads_ahead += len(out.swapped_in) - len(handles)
-        failed += self._wait_swap_ins(handles)
-        return [f for f in failed if f is not None]
-
-    def _finish_swaps(self) -> list[RequestOutput]:
-        """Wait for the iteration's swap-outs and uploads ahead; returns the outputs of the
-        requests whose upload failed."""
-        failed = self._wait_swap_ins(self._swap_ins_ahead)
-        self._swap_ins_ahead.clear()
-        for handle in self._swap_outs:
-            try:
-                handle.wait()
-            except Exception as exc:  # the copy is over either way; its swap-in will say why
-                logger.error("a swap-out failed: %s", exc)
-        self._swap_outs.clear()
-        if self.prefix_moves is not None:
-            self.prefix_moves.finish()
-        self.scheduler.release_swapped_blocks()
-        return [f for f in failed if f is not None]
-
-    def _wait_swap_ins(self, handles: list[tuple[str, SwapHandle]]) -> list[RequestOutput | None]:
-        """Wait for each swap-in; a failed one ends its request with the reason."""
-        failed = []
-        for rid, handle in handles:
-            try:
-                handle.wait()
-            except Exception as exc:  # noqa: BLE001 - the request ends with the reason
-                failed.append(self._fail_request(rid, f"swap-in failed: {exc}"))
-        return failed
 
     def _fail_request(self, request_id: str, why: str) -> RequestOutput | None:
         request = self.scheduler.state.requests.get(request_id)
@@ -437,7 +377,7 @@ class EngineCore:
             logger.error("could not free the host KV of %s: %s", request_id, exc)
 
     def close(self) -> None:
-        self._finish_swaps()
+        self.swaps.drain()
         if self.predictions is not None:
             self.predictions.close()
         if self.kv_manager is not None:

@@ -158,10 +158,11 @@ class Scheduler:
             self.state.cached_tokens(request)
             self.policy.add_request(request)
 
-    def release_swapped_blocks(self) -> None:
+    def release_swapped_blocks(self, in_flight: int = 0) -> None:
         """The iteration's swap copies have finished: the device blocks swap-outs read and the
-        host blocks swap-ins read may be handed out again."""
-        self.state.release_swapped()
+        host blocks swap-ins read may be handed out again, but for ``in_flight`` host blocks of
+        swap-ins that land in the background."""
+        self.state.release_swapped(in_flight)
 
     def resend_block_tables(self) -> None:
         """Send whole tables from the next iteration on: the executor may have lost its copy

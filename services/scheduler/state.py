@@ -221,12 +221,15 @@ class SchedulerState:
                 self.num_free_host_blocks += grow
         self.stream_growth.clear()
 
-    def release_swapped(self) -> None:
+    def release_swapped(self, in_flight: int = 0) -> None:
         """The iteration's copies are done: swap-outs' device blocks and swap-ins' host blocks
-        may be handed out again."""
+        may be handed out again, but for ``in_flight`` host blocks that swap-ins still in
+        flight (uploads ahead of need, landing in the background) read."""
         self.block_manager.release_deferred()
-        self.num_free_host_blocks += self.num_pending_host_blocks
-        self.num_pending_host_blocks = 0
+        assert 0 <= in_flight <= self.num_pending_host_blocks, (in_flight,
+                                                                 self.num_pending_host_blocks)
+        self.num_free_host_blocks += self.num_pending_host_blocks - in_flight
+        self.num_pending_host_blocks = in_flight
         if self.prefix_host is not None:     # abandoned write-backs' host blocks are freed
             self.num_free_host_blocks += self.prefix_host.settle()
 

@@ -418,6 +418,8 @@ def test_alise_paper_quick_publishes_its_section(tmp_path, monkeypatch):
             "agreement": {"fp": {"token_agreement": 1.0}, "int8": {"token_agreement": 0.9}}}
     monkeypatch.setattr(alise_paper, "upload_waits", lambda *a: real)
     monkeypatch.setattr(alise_paper, "swap_bytes", lambda *a: swap)
+    # Building the disjoint predictor tokenizes the whole ShareGPT file: the bundled seed here.
+    monkeypatch.setattr(alise_paper.alise_runs, "sharegpt_predictor", lambda *a: "embedded")
     assert alise_paper.main(["--quick", "--docs", str(tmp_path),
                              "--raw", str(tmp_path / "raw")]) == 0
     text = (tmp_path / "results.md").read_text()
@@ -425,6 +427,9 @@ def test_alise_paper_quick_publishes_its_section(tmp_path, monkeypatch):
     data = json.loads((tmp_path / "results" / "alise_paper.json").read_text())
     assert {r["policy"] for r in data["fig6"]} == {"orca", "vllm-v0", "vllm", "alise", "oracle"}
     assert {r["policy"] for r in data["fig8"]} == {"ALISE (swap)", "Recompute", "Defer"}
+    assert {r["dataset"] for r in data["fig8"]} == {"alpaca", "sharegpt"}
+    assert {r["panel"] for r in data["fig6"]} == {"opt-13b", "opt-2.7b"}
+    assert len({r["policy"] for r in data["accuracy"]}) == 2
     assert "1.94" in text and "120.0" in text
 
 
@@ -442,3 +447,15 @@ def test_parallel_sampling_quick_runs_end_to_end(tmp_path):
                                               + 3 * (params["prompt_len"] - shared))
         assert r["4 x n=1"]["prefill_tokens"] == 4 * params["prompt_len"]
     assert "parallel_sampling" in page.section_names((tmp_path / "results.md").read_text())
+
+
+def test_prediction_error_reports_how_well_predictions_order_the_requests():
+    from benchmarks.runs import prediction_error
+
+    def reqs(pred):
+        return [{"predicted_len": p, "output_len": t, "error": None}
+                for p, t in zip(pred, [10, 20, 40, 80])]
+    # Same median error, opposite orders: only the rank correlation tells them apart.
+    assert prediction_error(reqs([20, 40, 80, 160]))["rank_correlation"] == pytest.approx(1.0)
+    assert prediction_error(reqs([160, 80, 40, 20]))["rank_correlation"] == pytest.approx(-1.0)
+    assert prediction_error(reqs([5, 10]))["rank_correlation"] is None

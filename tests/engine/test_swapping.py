@@ -10,7 +10,7 @@ from engine_helpers import make_engine, replay, run_to_completion
 
 from lenserve_contract.sampling_params import SamplingParams
 from services.scheduler.policies import POLICIES
-from tests.swap_policies import RandomSwapPolicy
+from tests.swap_policies import HeldUploadPolicy, RandomSwapPolicy
 
 # The fake executor's host block is 64 bytes (block_size 4, int64 ids, K and V): 2 KiB hold
 # 32 blocks, too few for every preempted request, so refusals happen too.
@@ -119,6 +119,50 @@ def test_uploads_ahead_copy_beside_the_iteration_and_a_failed_one_ends_its_reque
     assert {rid: out.outputs[0].token_ids for rid, out in done.items()} == {
         rid: toks for rid, toks in reference.items() if rid != doomed[0]}
     assert kv.stats().num_swapped_requests == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_an_upload_ahead_spans_iterations_and_is_waited_for_only_when_its_request_runs(
+        monkeypatch, seed):
+    """Copies that land two iterations after they start, for requests the policy
+    runs three iterations after their upload: the copies land in the background while other
+    requests run, and the engine waits (and counts a wait) only for one whose request must
+    run, or whose blocks change hands (swapped out again), first. Waiting for every upload
+    at the end of the iteration it was issued in stalled on each one."""
+    monkeypatch.setitem(POLICIES, HeldUploadPolicy.name, HeldUploadPolicy)
+    reference, _ = run("vllm", seed)
+    engine = make_engine(HeldUploadPolicy.name, num_gpu_blocks=20, max_model_len=64,
+                         max_num_batched_tokens=24, max_num_seqs=6,
+                         swap_space_gib=SMALL_HOST_GIB)
+    kv, calls, stalls, idle = engine.kv_manager, [0], [], [False]
+    real_swap_in, real_schedule = kv.swap_in, engine.scheduler.schedule
+
+    class SlowUpload:       # the real copy underneath, so a stale block changes the tokens
+        def __init__(self, rid, blocks):
+            self.rid, self.handle = rid, real_swap_in(rid, blocks)
+            self.lands_at = calls[0] + 2
+
+        def done(self):
+            return calls[0] >= self.lands_at and self.handle.done()
+
+        def wait(self):
+            if calls[0] < self.lands_at and not idle[0]:     # an idle engine loses nothing
+                stalls.append(self.rid)
+            self.handle.wait()
+
+    def schedule(now):
+        calls[0] += 1
+        out = real_schedule(now)
+        idle[0] = out.is_empty
+        return out
+
+    monkeypatch.setattr(kv, "swap_in", SlowUpload)
+    monkeypatch.setattr(engine.scheduler, "schedule", schedule)
+    assert replay(engine, workload(seed)) == reference
+    stats = engine.stats()
+    assert stats.num_uploads_ahead > 10
+    assert len(stalls) <= stats.num_upload_waits
+    assert len(stalls) < 0.25 * stats.num_uploads_ahead, (len(stalls), stats.num_uploads_ahead)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

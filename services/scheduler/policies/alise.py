@@ -71,7 +71,9 @@ class AliseConfig(RankedConfig):
     # Alg. 2: the best queued requests within the GPU job limit M whose KV is on the host are
     # uploaded while the iteration runs, so they resume without waiting for the copy...
     upload_ahead: bool = True
-    gpu_job_limit: int = 0           # ...M, jobs kept on the device (0: max_num_seqs)
+    # ...M, jobs kept on the device (0: max_num_seqs); above max_num_seqs, the residents
+    # beyond the batch wait on the device, uploaded iterations before they run.
+    gpu_job_limit: int = 0
     kv_int8: bool = False            # INT8 for swapped KV (the engine's --kv-int8, one setting)
     nominal_token_s: float = 0.02    # seconds per decode step until the time model is fitted
     demotion: bool = True
@@ -193,6 +195,9 @@ class AlisePolicy(AliseSwaps, RankedPolicy):
         return length
 
     # -- ranking (RankedPolicy hooks) ----------------------------------------------------------
+    def _max_residents(self, budget) -> int:
+        return max(self.options.gpu_job_limit, budget.max_num_seqs)
+
     def schedule(self, state: SchedulerState, budget) -> SchedulerOutput:
         self.now = state.now
         if self.model.fitted and not self._was_fitted:

@@ -114,6 +114,10 @@ class RankedPolicy(Policy):
     def _on_uploaded(self, request: Request) -> None:
         """``request`` was uploaded ahead of the iteration it will run in."""
 
+    def _max_residents(self, budget: Budget) -> int:
+        """Requests kept on the device; at most ``max_num_seqs`` of them run per iteration."""
+        return budget.max_num_seqs
+
     # -- the loop ------------------------------------------------------------------------------
     def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
         output = state.new_output()
@@ -121,7 +125,8 @@ class RankedPolicy(Policy):
         # One turn per resident per iteration: the hooks and the pass's fields in locals.
         ranked, preemption = p.ranked, self.options.preemption
         peek, outranks, run = self._peek, self._outranks, self._run
-        while p.tokens > 0:
+        scheduled, max_seqs = output.scheduled, budget.max_num_seqs
+        while p.tokens > 0 and len(scheduled) < max_seqs:
             head = p.head       # the next resident still running (_Pass.next_resident)
             while head < len(ranked) and ranked[head].status is not _RUNNING:
                 head += 1
@@ -207,7 +212,7 @@ class RankedPolicy(Policy):
 
     def _make_room(self, state: SchedulerState, output: SchedulerOutput, p: _Pass,
                    cand: Request, end: int, budget: Budget) -> bool:
-        while len(state.running) >= budget.max_num_seqs:
+        while len(state.running) >= self._max_residents(budget):
             victim = self._victim(state, p, cand, cand)
             if victim is None:
                 return False
