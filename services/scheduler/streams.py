@@ -20,7 +20,9 @@ logger = logging.getLogger(__name__)
 
 
 def setup_streaming(state: SchedulerState, executor, kv_manager) -> None:
-    """Connect the executor to the host tier's blocks when both can; else say why not."""
+    """Connect the executor to the host tier's blocks when both can; else say why not. An
+    executor with a cost model also lends its token-wise cost curve (``token_seconds``)."""
+    state.token_seconds = getattr(executor, "token_seconds", None)
     if kv_manager is None:
         state.stream_off_reason = "no host KV tier"
         return

@@ -79,6 +79,11 @@ class SimExecutor(Executor):
         self.stream_stall_s += stall
         return stall
 
+    def token_seconds(self, n: int) -> float:
+        """Seconds of the token-wise layers (and the fixed per-iteration cost) for ``n`` decode
+        tokens, no attention: the curve a policy sizes its token budget by."""
+        return self.cost.iteration_s(IterationFeatures(n, n, 0.0, n, 0))
+
     def model_info(self) -> ModelInfo:
         s = self.shape
         return ModelInfo(

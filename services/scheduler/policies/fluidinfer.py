@@ -83,6 +83,7 @@ from dataclasses import dataclass
 
 from services.scheduler.output import Budget, SchedulerOutput
 from services.scheduler.policies.fcfs import FcfsPolicy
+from services.scheduler.policies.token_budget import TokenBudget
 from services.scheduler.policies.waves import attention_cost, pack_waves
 from services.scheduler.policy import PolicyConfig
 from services.scheduler.request import Request, RequestStatus
@@ -119,6 +120,13 @@ class FluidInferConfig(PolicyConfig):
     # Stream only the KV the host link uploads within an iteration's compute (where copies
     # overlap it); false streams every swapped request the token budget allows.
     stream_link_bound: bool = True
+    # Tokens per iteration: "auto" derives the budget that saturates the token-wise layers from
+    # the executor's cost model or a time model fitted online (``token_budget.py``); an integer
+    # sets it by hand. Never above ``max_num_batched_tokens``.
+    token_budget: str = "auto"
+    # "auto": the smallest budget whose seconds per token are within this fraction of those
+    # at ``max_num_batched_tokens``.
+    saturation_tolerance: float = 0.25
 
 
 class FluidInferPolicy(FcfsPolicy):
@@ -150,6 +158,7 @@ class FluidInferPolicy(FcfsPolicy):
         self.steps_run: dict[str, int] = {}
         self._stuck = False     # a swapped request could neither stream nor come back
         self._compute_s = 0.0   # moving average of an iteration's compute (stalls excluded)
+        self.budget = TokenBudget(o.token_budget, o.saturation_tolerance)
 
     def remove_request(self, request: Request) -> None:
         if request.status is RequestStatus.SWAPPED:
@@ -163,11 +172,12 @@ class FluidInferPolicy(FcfsPolicy):
 
     def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
         output = state.new_output()
+        tokens = self.budget.tokens(state, budget.max_num_batched_tokens)
         if self._streaming(state):
-            return self._schedule_streaming(state, output, budget.max_num_batched_tokens)
+            return self._schedule_streaming(state, output, tokens)
         if state.num_host_blocks and self.swapped:
             self._cycle(state, output)
-        tokens = self._schedule_running(state, output, budget.max_num_batched_tokens)
+        tokens = self._schedule_running(state, output, tokens)
         if not output.preempted:
             tokens = self._admit(state, output, tokens)
         output.waves = self._waves(state, output)
@@ -256,6 +266,7 @@ class FluidInferPolicy(FcfsPolicy):
 
     def update(self, output, updated, result=None) -> None:
         t = result.timings if result is not None else None
+        self.budget.observe(output, result)
         if t is not None and t.forward_s > 0:
             compute = max(t.forward_s - t.swap_s, 0.0)
             self._compute_s = compute if not self._compute_s else (
