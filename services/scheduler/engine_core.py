@@ -88,7 +88,8 @@ class EngineCore:
         # An ``ExecutionTimeModel`` fed every executed iteration, for a replica's load report
         # (a router places by it); None: only a policy that owns one fits it.
         self.time_model = time_model
-        setup_streaming(self.scheduler.state, executor, kv_manager)
+        setup_streaming(self.scheduler.state, executor, kv_manager,
+                        getattr(self.scheduler.policy.options, "stream_mode", "link"))
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None,

@@ -124,6 +124,10 @@ class FluidInferConfig(PolicyConfig):
     # the executor's cost model or a time model fitted online (``token_budget.py``); an integer
     # sets it by hand. Never above ``max_num_batched_tokens``.
     token_budget: str = "auto"
+    # Where streamed waves' attention runs: "link" (each wave's KV uploaded to the device, the
+    # report's Fig. 8), "cpu" (on the host CPU where the KV lives, NEO's way; on a CPU executor
+    # both are the same in-place read), "free" (the simulator only: a link that costs nothing).
+    stream_mode: str = "link"
     # "auto": the smallest budget whose seconds per token are within this fraction of those
     # at ``max_num_batched_tokens``.
     saturation_tolerance: float = 0.25
@@ -142,6 +146,9 @@ class FluidInferPolicy(FcfsPolicy):
         if str(o.stream).lower() not in ("auto", "false") or o.stream_kv_blocks < 0:
             raise ValueError(f"fluidinfer: stream must be auto or false and stream_kv_blocks "
                              f">= 0, got {o.stream!r} and {o.stream_kv_blocks}")
+        if o.stream_mode not in ("link", "cpu", "free"):
+            raise ValueError(f"fluidinfer: stream_mode must be link, cpu or free, got "
+                             f"{o.stream_mode!r}")
         if str(o.upload_ahead).lower() not in _AHEAD:
             raise ValueError(f"fluidinfer: upload_ahead must be one of {', '.join(_AHEAD)}, "
                              f"got {o.upload_ahead!r}")
