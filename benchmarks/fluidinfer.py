@@ -3,9 +3,11 @@
     python3 benchmarks/fluidinfer.py [--quick] [--dataset-path FILE] [--no-real]
 
 * Real engine on this CPU (``lenserve bench``): opt-125m (random weights, outputs forced to
-  their ShareGPT reply's length), a device KV pool of 32 blocks of 16 (512 tokens: about two
-  mean requests of the sample), a 1 GiB host tier, every request arriving at once
-  (saturation); two runs with the policies back to back, output tok/s over ``vllm``'s.
+  their ShareGPT reply's length), 12 prompts of the bundled sample within 256 tokens (138
+  tokens a request on average), a device KV pool of 20 blocks of 16 (320 tokens: about two
+  mean requests), a 1 GiB host tier, every request arriving at once (saturation); two runs
+  of ``vllm``, ``fluidinfer`` and ``alise-fluid`` back to back, the order reversed in the
+  second, output tok/s over ``vllm``'s.
 * Simulation at the report's settings (``lenserve simulate``, roofline ESTIMATES): OPT-125M
   and OPT-1.3B on one RTX 4090, OPT-6.7B on four RTX 4090s and on four A100-40GBs (PCIe 4.0
   x16 host links), ShareGPT first turns, Poisson arrivals, a KV-limited pool of 256 blocks of
@@ -39,10 +41,10 @@ SIM_RUNS = (("", (*BASELINES, "fluidinfer", "alise-fluid"), ()),
 # the mean ShareGPT reply gives about 7, 4, 3 and 3 req/s).
 SETTINGS = (("rtx4090", "opt-125m", [2, 4, 8, 16]), ("rtx4090", "opt-1.3b", [1, 2, 4, 8]),
             ("4x-rtx4090", "opt-6.7b", [1, 2, 4, 8]), ("4x-a100-40g", "opt-6.7b", [1, 2, 4, 8]))
-FULL = {"sim_prompts": 300, "real_prompts": 8, "real_runs": 2, "rates": None}
+FULL = {"sim_prompts": 300, "real_prompts": 12, "real_runs": 2, "rates": None}
 QUICK = {"sim_prompts": 16, "real_prompts": 4, "real_runs": 1, "rates": 2}
 SIM_BLOCKS, SIM_SWAP_GIB = 256, 64
-REAL_BLOCKS, REAL_LEN = 32, 256
+REAL_BLOCKS, REAL_LEN = 20, 256
 
 
 def sim_args(hw: str, shape: str, rates: list[float], params: dict, dataset: Path,
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = output.parser(__doc__, dataset=f"ShareGPT file (default: {runs.SHAREGPT})")
     ap.add_argument("--no-real", action="store_true", help="skip the real-engine runs")
     ap.add_argument("--real-prompts", type=int, default=None,
-                    help="prompts per real-engine run (default 8)")
+                    help="prompts per real-engine run (default 12)")
     ap.add_argument("--sim-prompts", type=int, default=None,
                     help="requests per simulated rate (default 300)")
     ap.add_argument("--only", choices=("sim", "real"), default=None,
