@@ -98,7 +98,8 @@ class EngineCore:
         self.time_model = time_model
         self.grammar_gate = (GrammarGate(executor.compile_grammar)
                              if getattr(executor, "compiles_grammars", False) else None)
-        setup_streaming(self.scheduler.state, executor, kv_manager)
+        setup_streaming(self.scheduler.state, executor, kv_manager,
+                        getattr(self.scheduler.policy.options, "stream_mode", "link"))
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | None = None,

@@ -56,6 +56,9 @@ class SchedulerState:
         # Device blocks per second the host link uploads where copies overlap compute (0: no
         # bound, e.g. a CPU executor reading the host tier in place).
         self.stream_blocks_per_s = 0.0
+        # Seconds of the token-wise layers for n decode tokens, where the executor has a cost
+        # model (the simulator); None: a policy that needs it fits one online.
+        self.token_seconds = None
         self.counts: Counter[RequestStatus] = Counter()
         self.now = 0.0
         self.iteration = 0

@@ -19,8 +19,13 @@ from services.scheduler.state import SchedulerState
 logger = logging.getLogger(__name__)
 
 
-def setup_streaming(state: SchedulerState, executor, kv_manager) -> None:
-    """Connect the executor to the host tier's blocks when both can; else say why not."""
+def setup_streaming(state: SchedulerState, executor, kv_manager, mode: str = "link") -> None:
+    """Connect the executor to the host tier's blocks when both can; else say why not. An
+    executor with a cost model also lends its token-wise cost curve (``token_seconds``).
+    ``mode``: where streamed waves' attention runs (the policy's ``stream_mode``): ``link``
+    (uploaded to the device), ``cpu`` (on the host CPU, where the KV lives) or ``free`` (the
+    simulator's infinitely fast link)."""
+    state.token_seconds = getattr(executor, "token_seconds", None)
     if kv_manager is None:
         state.stream_off_reason = "no host KV tier"
         return
@@ -36,9 +41,18 @@ def setup_streaming(state: SchedulerState, executor, kv_manager) -> None:
     if source is None or attach is None:
         state.stream_off_reason = why
         return
+    set_mode = getattr(executor, "set_stream_mode", None)
+    if set_mode is not None:
+        set_mode(mode)      # the simulator: charges each mode's work
+    elif mode != "link" and getattr(executor, "stream_staged", False):
+        state.stream_off_reason = (f"stream_mode={mode}: attention over the host tier on the "
+                                   f"CPU beside a GPU executor is not built")
+        return
     attach(source)
     state.can_stream, state.stream_off_reason = True, ""
     link = getattr(kv_manager, "stream_link_bytes_per_s", 0.0)
+    if set_mode is not None and link:
+        link = executor.stream_bytes_per_s()
     block = getattr(kv_manager, "device_block_bytes", 0)
     state.stream_blocks_per_s = link / block if link and block else 0.0
 

@@ -42,6 +42,10 @@ class HostLink:
     overlaps_compute: bool = True
     # Device bytes per second the executor quantizes (and dequantizes) INT8 KV at.
     int8_codec_bytes_per_s: float | None = None
+    # KV bytes per second the host CPU attends over in place (lenserve's paged C++ kernel on
+    # the host's cores, bounded by its memory bandwidth): streamed waves' attention in the
+    # CPU mode (``stream_mode=cpu``). None: not modelled for this target.
+    host_attention_bytes_per_s: float | None = None
 
     def __post_init__(self):
         if not (self.out_bytes_per_s > 0 and self.in_bytes_per_s > 0 and self.latency_s >= 0):

@@ -33,6 +33,10 @@ class Hardware:
     host_link_bandwidth: float = 32e9    # bytes/s each way, PCIe x16 (datasheet)
     host_link_efficiency: float = 0.8    # estimate: pinned copies reach ~80% of PCIe peak
     host_copy_latency_s: float = 20e-6   # estimate: per swap copy (gather, launch, event)
+    # The host beside the device (ESTIMATES of a typical machine for the setting): its DRAM
+    # bandwidth and the cores the CPU-attention mode attends with.
+    host_memory_bandwidth: float = 204.8e9   # 8 channels of DDR4-3200 (datasheet)
+    host_cores: int = 32
 
 
 HARDWARE: dict[str, Hardware] = {
@@ -43,12 +47,16 @@ HARDWARE: dict[str, Hardware] = {
     # with four times the memory, compute, bandwidth and host links (tensor parallelism, each
     # GPU on its own x16 link); the all-reduces are folded into a larger per-iteration
     # overhead (ESTIMATE).
+    # Hosts (ESTIMATES): one RTX 4090 in a 16-core desktop with two channels of DDR5-5600;
+    # four in a 32-core workstation with eight channels of DDR4-3200; four A100s in a DGX A100
+    # (two 64-core EPYC 7742, sixteen channels of DDR4-3200).
     "rtx4090": Hardware("NVIDIA GeForce RTX 4090", 24 * GIB, 165e12, 1.008e12,
-                        host_link_bandwidth=32e9),
+                        host_link_bandwidth=32e9, host_memory_bandwidth=89.6e9, host_cores=16),
     "4x-rtx4090": Hardware("4x NVIDIA GeForce RTX 4090 (tensor parallel)", 96 * GIB, 4 * 165e12,
                            4 * 1.008e12, overhead_s=0.006, host_link_bandwidth=4 * 32e9),
     "4x-a100-40g": Hardware("4x NVIDIA A100-SXM4-40GB (tensor parallel)", 160 * GIB, 4 * 312e12,
-                            4 * 1.555e12, overhead_s=0.006, host_link_bandwidth=4 * 32e9),
+                            4 * 1.555e12, overhead_s=0.006, host_link_bandwidth=4 * 32e9,
+                            host_memory_bandwidth=409.6e9, host_cores=128),
     "h100": Hardware("NVIDIA H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12,
                      host_link_bandwidth=64e9),          # PCIe 5.0 x16
     # ALISE's setting (paper 001, Sec. 4.1): Tesla V100 32 GB (125 TFLOP/s fp16 tensor core,
@@ -88,6 +96,21 @@ class RooflineCostModel(CostModel):
                 f"{hw.memory_efficiency}, overhead {hw.overhead_s * 1e3:.1f} ms/iteration")
 
 
+# KV bytes per second one core of lenserve's paged C++ CPU attention kernel reads on decode
+# (``services/executor/attention/cpu_backend.py``): measured, CPU seconds of one thread, bf16,
+# 32 heads of 128, 1 GiB of KV (past the last-level cache), on this project's Xeon build host.
+CPU_ATTENTION_CORE_BYTES_PER_S = 6.5e9
+# Share of the DRAM bandwidth a streaming read reaches (ESTIMATE).
+HOST_MEMORY_EFFICIENCY = 0.8
+
+
+def host_attention_bytes_per_s(hw: Hardware) -> float:
+    """KV bytes per second the host's cores attend over (CPU-attention mode, ESTIMATE): the
+    kernel's measured rate per core on every core, capped by the host's DRAM bandwidth."""
+    return min(hw.host_cores * CPU_ATTENTION_CORE_BYTES_PER_S,
+               hw.host_memory_bandwidth * HOST_MEMORY_EFFICIENCY)
+
+
 # Memory traffic of the INT8 codec per device byte (ESTIMATE): quantizing reads the blocks
 # twice (the channel ranges, then the codes) and writes a code per element; dequantizing reads
 # the codes and writes the elements once. 2.5 bytes for a 16-bit KV cache.
@@ -102,7 +125,8 @@ def host_link(hw: Hardware) -> HostLink:
                     f"ESTIMATE: {hw.host_link_efficiency:.0%} of the PCIe peak of "
                     f"{hw.host_link_bandwidth / 1e9:.0f} GB/s each way; INT8 codec at "
                     f"{codec / 1e9:.0f} GB/s of device memory traffic",
-                    int8_codec_bytes_per_s=codec)
+                    int8_codec_bytes_per_s=codec,
+                    host_attention_bytes_per_s=host_attention_bytes_per_s(hw))
 
 
 def kv_capacity_blocks(shape: ModelShape, hw: Hardware, block_size: int,

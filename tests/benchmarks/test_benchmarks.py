@@ -249,8 +249,9 @@ def test_fluidinfer_quick_simulates_every_setting_and_publishes_one_section(tmp_
     out = output.Outputs(docs=tmp_path / "docs", raw=tmp_path / "raw")
     record = json.loads(out.file("fluidinfer", "json").read_text())
     assert len(record["simulated"]) == len(fluidinfer.SETTINGS)
-    assert all({r["policy"] for r in runs} == set(fluidinfer.POLICIES)
-               for runs in record["simulated"].values())
+    modes = {f"{p} [{m}]" if m else p for m, backends, _ in fluidinfer.SIM_RUNS
+             for p in backends}
+    assert all({r["policy"] for r in runs} == modes for runs in record["simulated"].values())
     assert section_count(out.page.read_text(), "fluidinfer") == 1
     assert page.orphan_sections(out.page, out.results) == []
 
@@ -262,7 +263,7 @@ def test_fluidinfer_real_table_gives_the_min_max_ratio():
         return [{"policy": "vllm", "summary": {"output_throughput": v}},
                 {"policy": "fluidinfer", "summary": {"output_throughput": f}}]
     lines, ratios = fluidinfer.real_table([run(10.0, 15.0), run(20.0, 36.0)])
-    assert ratios == [1.5, 1.8] and "| 2 | 20.0 | 36.0 | 1.80 |" in lines
+    assert ratios == [1.5, 1.8] and "| 2 | 20.0 | 36.0 | 1.80 | - | - |" in lines
 def test_model_families_quick_writes_the_identity_table(tmp_path):
     from benchmarks import model_families
     argv = ["--quick", "--docs", str(tmp_path / "docs"), "--raw", str(tmp_path / "raw")]

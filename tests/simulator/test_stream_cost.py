@@ -24,7 +24,8 @@ def executor(overlaps=True):
 
 
 def req(computed, status=SWAPPED):
-    return SimpleNamespace(num_computed_tokens=computed, status=status)
+    return SimpleNamespace(num_computed_tokens=computed, status=status, request_id=str(computed),
+                           token_ids=[0] * (computed + 1))
 
 
 def test_a_copy_shorter_than_the_layer_is_hidden_and_a_longer_one_stalls():
@@ -43,3 +44,42 @@ def test_a_copy_shorter_than_the_layer_is_hidden_and_a_longer_one_stalls():
 def test_resident_requests_and_a_cpu_link_cost_nothing():
     assert executor().stream_s([(req(5000, RUNNING), 1)], compute_s=0.001) == 0.0
     assert executor(overlaps=False).stream_s([(req(50_000), 1)], compute_s=0.001) == 0.0
+
+
+def cpu_executor(host_bps=100e9):
+    ex = executor()
+    ex.stream_link = HostLink(25e9, 25e9, 0.0, "test", host_attention_bytes_per_s=host_bps)
+    ex.set_stream_mode("cpu")
+    return ex
+
+
+def test_the_cpu_mode_attends_on_the_host_and_sends_no_kv_over_the_link():
+    shape = model_shape("opt-1.3b")
+    per_layer = shape.kv_bytes_per_token() / 24
+    big = [(req(20_000), 1)]
+    link, cpu = executor(), cpu_executor()
+    link.stream_s(big, compute_s=0.01)
+    cpu.stream_s(big, compute_s=0.01)
+    # The host reads the layer's KV at its attention rate (4x the link here); only the query,
+    # the new K/V and the output cross the link.
+    act = shape.hidden_size * shape.dtype_bytes
+    expect = 20_001 * per_layer / 100e9 + (act + per_layer) / 25e9
+    assert cpu.stream_copy_s == pytest.approx(expect * 24)
+    assert cpu.stream_stall_s < link.stream_stall_s / 3
+    # ... and the device no longer attends over the streamed request: its iteration is
+    # shorter than the link mode's by that request's attention.
+    cpu.stream_copy_s = link.stream_copy_s = 0.0
+    mixed = [(req(2000, RUNNING), 1), (req(20_000), 1)]
+    t_cpu = cpu.execute_scheduled(0, mixed).timings
+    t_link = link.execute_scheduled(0, mixed).timings
+    assert t_cpu.forward_s - t_cpu.swap_s < t_link.forward_s - t_link.swap_s
+
+
+def test_a_free_link_costs_nothing_and_an_unmodelled_host_refuses_the_cpu_mode():
+    ex = executor()
+    ex.set_stream_mode("free")
+    assert ex.stream_s([(req(20_000), 1)], compute_s=0.001) == 0.0 and ex.stream_copy_s == 0.0
+    with pytest.raises(ValueError, match="host CPU's attention throughput"):
+        executor().set_stream_mode("cpu")
+    with pytest.raises(ValueError, match="stream_mode must be"):
+        ex.set_stream_mode("pcie")

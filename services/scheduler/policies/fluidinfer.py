@@ -1,79 +1,56 @@
 """FluidInfer (report, 2024): no batch size for the non-attention layers, attention in waves.
 
-Every resident request's pending tokens go through the token-wise layers in one pass: the
-iteration is bounded by the token budget only, never by ``max_num_seqs``. Attention, the only
-part that needs KV on the device, runs in waves (``SchedulerOutput.waves``) packed greedily by
-``waves.pack_waves`` under a per-wave KV bound, long prefills beside short decodes.
+Every scheduled request's pending tokens go through the token-wise layers in one pass; only
+attention, the part that needs KV on the device, runs in waves (``SchedulerOutput.waves``)
+packed by ``waves.pack_waves``. Measured trade-offs behind each choice are on
+``docs/policies/fluidinfer.md``.
 
-Streamed waves (``stream=auto``, the default wherever the engine can: an in-process executor
-and a full-precision host tier; ``state.can_stream``). A swapped request is not swapped back
-in to run: it joins the iteration with its KV left in the host tier (``state.stream``), and
-the executor attends over it layer by layer (``services/executor/streaming.py``). What was
-chosen, and why:
+Streamed waves (``stream=auto``, wherever the engine can: an in-process executor and a
+full-precision host tier, ``state.can_stream``): a swapped request joins the iteration with
+its KV left in the host tier (``state.stream``) and the executor attends over it layer by
+layer (``services/executor/streaming.py``). What sizes the iteration, and why:
 
-* The iteration's set is sized by the token budget (``max_num_batched_tokens``) and, where
-  copies run beside the compute (a GPU), by the host link: at most the blocks the link
-  uploads within an iteration's compute (link bandwidth from the KV manager times a moving
-  average of measured compute seconds), because a wave whose upload outlasts its layer
-  stalls the pass (measured in the simulator: streaming every swapped request made the run
-  0.29x vllm's throughput, OPT-1.3B on an RTX 4090 over PCIe 4.0). The token budget is the
-  configured one, not derived from a profile's GEMM saturation point. On a CPU attention reads
-  the host tier in place, so only the token budget bounds the set.
-* The resident set is the device pool: new requests prefill there; when the head of the
-  queue does not fit, the oldest decoding residents are offloaded (``max_swaps_per_step``)
-  and go on streamed (Fig. 8). Streamed requests take turns round robin when the link bound
-  leaves some out; while any swapped request could not run, nobody new is admitted.
-* Staging is device KV: a streamed wave is bounded by ``stream_kv_blocks`` blocks (default
-  the pool's block count, of which one layer is staged at a time, i.e. ``1/num_layers`` of
-  that KV; unbounded where attention reads the host tier in place).
-* Wave order: resident waves first (their KV is already there; the first streamed wave's
-  upload runs beside them), then streamed waves packed by ``pack_waves`` (§4.2: the costliest
-  item opens a wave, bubbles of types A and B are filled with the costliest items that fit).
-  Waves run one after another on one stream: running a long prefill wave's attention
-  concurrently with decode waves on separate CUDA streams is not built (no GPU to measure it;
-  on a CPU the backend's kernels already use every core).
+* **Tokens, by compute** (``token_budget=auto``, ``token_budget.py``): the set is filled up
+  to the budget that saturates the token-wise layers, the smallest batch whose seconds per
+  token are within ``saturation_tolerance`` of the best the engine reaches up to
+  ``max_num_batched_tokens``. The curve is the executor's cost model where it has one (the
+  simulator: 498 tokens for OPT-6.7B on four RTX 4090s, the report's "at least 512"; 170 on
+  the bundled CPU profile of opt-125m), else the execution-time model fitted online to the
+  measured iterations; the configured maximum until either exists. Past it an iteration
+  only grows longer; short of it, the fixed cost of reading the weights is shared by fewer
+  tokens.
+* **Streamed KV, by the link** where copies run beside the compute (a GPU): at most the
+  blocks the host link (``stream_mode=link``) or the host CPU's attention (``cpu``) gets
+  through within an iteration's compute (a moving average of measured compute seconds),
+  since a wave whose upload outlasts its layer stalls the pass. On a CPU executor attention
+  reads the host tier in place, and only the token budget bounds the set.
+* **Residents and staging, by device KV**: new requests prefill in the device pool; when the
+  head of the queue does not fit, the oldest decoding residents are offloaded
+  (``max_swaps_per_step``) and go on streamed (Fig. 8). A streamed wave is bounded by
+  ``stream_kv_blocks`` (default the pool's block count, one layer of it staged at a time;
+  unbounded in place). Streamed requests take turns round robin when a bound leaves some out;
+  while any swapped request could not run, nobody new is admitted.
+* **Wave order** (§4.2): resident waves first (their KV is there; the first streamed wave's
+  upload runs beside them), then streamed waves packed greedily against bubbles of type A
+  (prefills of different lengths) and B (decodes beside a prefill): the costliest item opens
+  a wave, the bubbles are filled with the costliest items that fit.
+* **No concurrent waves.** A wave's sequences go to the attention backend in one varlen
+  call, whose work items (per sequence and head) the device runs side by side: that is the
+  report's parallel "threads", and the packing decides what shares a call. Running a long
+  prefill wave's attention on a second CUDA stream beside the decode waves would overlap
+  only the tail of the prefill's grid (one prefill of 512+ tokens already fills the SMs) at
+  the cost of a second staging area in device KV, and cannot be measured without a GPU; on
+  a CPU the backend's kernels already use every core, so there is nothing to gain.
 
-Any failure to stream (a request whose host blocks cannot grow, a failed copy, a wave larger
-than the executor's staging area) turns streaming off with a logged reason
-(``services/scheduler/streams.py``); the policy then cycles the resident set as below.
-
-Without streaming, with a host KV tier (``state.num_host_blocks > 0``) the resident set
-cycles like the report's swap pipeline: a wave's worth of the longest-resident decodes is offloaded while swapped
-requests are uploaded as blocks free (a swap-out's blocks come back after its copy, so an
-offload this iteration makes room for an upload the next). Where the KV manager's copies
-run beside the compute (``state.copies_overlap``), the wave bound is then half the device
-pool, one half computing while the other is refilled. Where they do not (a CPU executor), no
-half can be refilled while the other computes, and attention runs over the whole pool in one
-wave: on the real engine (opt-125m on a 2-core AMD EPYC, 64 blocks, ShareGPT at overload) two
-half-pool waves took 16% of an iteration against 12% for one, and output was 83-88 tok/s
-with one against 78-80 with two (two runs each, alternating). Where the copies run beside
-the compute (a GPU's copy engine), uploads are also issued one iteration ahead
-(``upload_ahead``, the report's proactive pipeline): an uploaded request sits out the
-iteration that starts its copy, which the engine then runs beside the copy instead of
-waiting for it, and joins the next; it is not offloaded again before it has run. Measured on
-the roofline (A100, Llama-2-7B, ShareGPT, 64 GiB host tier) this raises output throughput at
-overload by 14-23% over waiting for each upload. It can lose where the link, not compute, is
-the bottleneck and an iteration costs the same however few requests it runs: a request that
-sits out an iteration stays resident longer and the set cycles more blocks (30 requests on a
-24-block pool, a 4 ms/block link and a constant 10 ms iteration: 35% more blocks uploaded,
-the run 24% longer), hence the option. On a CPU executor the copy's thread takes a core the
-iteration's matrix products need, so nothing overlaps and the upload would only lose its
-turn: ``auto`` (the default) waits for it there and runs it at once.
-
-A resident is offloaded for an upload only once it has run ``min_resident_steps`` iterations
-since it entered the device. The report's pipeline swaps every wave every iteration, which pays
-where the link keeps up and an iteration costs the same whatever its batch; where it does not
-(a small pool, a CPU, any step whose cost grows with the batch), rotating the set as fast as
-the swap budget allows leaves half the requests in transit: on the real engine (opt-125m on a
-2-core CPU, 64 blocks of 16, ShareGPT at 1.2 req/s) iterations carried 3.3 tokens against
-vLLM's 6.3 and output throughput fell to 0.6x vLLM's. The quantum trades the latency bound (a
-swapped request waits longer for its turn) for fuller iterations; measured there, with the
-simulator's profile of that engine: 1 step 48 tok/s and a P99 token gap of 0.79 s, 8 steps
-67 tok/s and 1.08 s, 16 steps 71 tok/s and 1.81 s (vLLM: 70 tok/s and 9.5 s).
-An upload leaves free only the blocks the residents fill over its quantum, not a block for
-each of them (KV kept free is KV nobody computes with).
-Without a host tier nothing is swapped and a request that cannot grow preempts by recompute,
-as in vLLM.
+Any failure to stream (host blocks that cannot grow, a failed copy, a wave larger than the
+staging area, ``stream_mode=cpu`` beside a GPU executor) turns streaming off with a logged
+reason (``services/scheduler/streams.py``), and the policy cycles the resident set instead:
+with a host tier, the longest-resident decodes that have run ``min_resident_steps``
+iterations are offloaded while swapped requests are uploaded as blocks free (uploads issued
+an iteration ahead where copies overlap compute, ``upload_ahead``); the wave bound is half
+the pool where copies overlap compute (one half computes while the other is refilled), else
+the whole pool. Without a host tier a request that cannot grow preempts by recompute, as in
+vLLM.
 """
 from __future__ import annotations
 
@@ -83,6 +60,7 @@ from dataclasses import dataclass
 
 from services.scheduler.output import Budget, SchedulerOutput
 from services.scheduler.policies.fcfs import FcfsPolicy
+from services.scheduler.policies.token_budget import TokenBudget
 from services.scheduler.policies.waves import attention_cost, pack_waves
 from services.scheduler.policy import PolicyConfig
 from services.scheduler.request import Request, RequestStatus
@@ -119,6 +97,17 @@ class FluidInferConfig(PolicyConfig):
     # Stream only the KV the host link uploads within an iteration's compute (where copies
     # overlap it); false streams every swapped request the token budget allows.
     stream_link_bound: bool = True
+    # Tokens per iteration: "auto" derives the budget that saturates the token-wise layers from
+    # the executor's cost model or a time model fitted online (``token_budget.py``); an integer
+    # sets it by hand. Never above ``max_num_batched_tokens``.
+    token_budget: str = "auto"
+    # Where streamed waves' attention runs: "link" (each wave's KV uploaded to the device, the
+    # report's Fig. 8), "cpu" (on the host CPU where the KV lives, NEO's way; on a CPU executor
+    # both are the same in-place read), "free" (the simulator only: a link that costs nothing).
+    stream_mode: str = "link"
+    # "auto": the smallest budget whose seconds per token are within this fraction of those
+    # at ``max_num_batched_tokens``.
+    saturation_tolerance: float = 0.25
 
 
 class FluidInferPolicy(FcfsPolicy):
@@ -134,6 +123,9 @@ class FluidInferPolicy(FcfsPolicy):
         if str(o.stream).lower() not in ("auto", "false") or o.stream_kv_blocks < 0:
             raise ValueError(f"fluidinfer: stream must be auto or false and stream_kv_blocks "
                              f">= 0, got {o.stream!r} and {o.stream_kv_blocks}")
+        if o.stream_mode not in ("link", "cpu", "free"):
+            raise ValueError(f"fluidinfer: stream_mode must be link, cpu or free, got "
+                             f"{o.stream_mode!r}")
         if str(o.upload_ahead).lower() not in _AHEAD:
             raise ValueError(f"fluidinfer: upload_ahead must be one of {', '.join(_AHEAD)}, "
                              f"got {o.upload_ahead!r}")
@@ -150,6 +142,7 @@ class FluidInferPolicy(FcfsPolicy):
         self.steps_run: dict[str, int] = {}
         self._stuck = False     # a swapped request could neither stream nor come back
         self._compute_s = 0.0   # moving average of an iteration's compute (stalls excluded)
+        self.budget = TokenBudget(o.token_budget, o.saturation_tolerance)
 
     def remove_request(self, request: Request) -> None:
         if request.status is RequestStatus.SWAPPED:
@@ -163,11 +156,12 @@ class FluidInferPolicy(FcfsPolicy):
 
     def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
         output = state.new_output()
+        tokens = self.budget.tokens(state, budget.max_num_batched_tokens)
         if self._streaming(state):
-            return self._schedule_streaming(state, output, budget.max_num_batched_tokens)
+            return self._schedule_streaming(state, output, tokens)
         if state.num_host_blocks and self.swapped:
             self._cycle(state, output)
-        tokens = self._schedule_running(state, output, budget.max_num_batched_tokens)
+        tokens = self._schedule_running(state, output, tokens)
         if not output.preempted:
             tokens = self._admit(state, output, tokens)
         output.waves = self._waves(state, output)
@@ -256,6 +250,7 @@ class FluidInferPolicy(FcfsPolicy):
 
     def update(self, output, updated, result=None) -> None:
         t = result.timings if result is not None else None
+        self.budget.observe(output, result)
         if t is not None and t.forward_s > 0:
             compute = max(t.forward_s - t.swap_s, 0.0)
             self._compute_s = compute if not self._compute_s else (
