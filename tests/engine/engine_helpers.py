@@ -54,3 +54,17 @@ def replay(engine: LLMEngine, workload) -> dict[str, list[int]]:
             done.update((o.request_id, o) for o in engine.step() if o.finished)
     done.update(run_to_completion(engine))
     return {rid: out.outputs[0].token_ids for rid, out in done.items()}
+
+
+class CountingExecutor:
+    """Counts the tokens the executor is fed."""
+
+    def __init__(self, inner):
+        self.inner, self.fed = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def execute(self, batch):
+        self.fed += sum(len(s.token_ids) for s in batch.sequences)
+        return self.inner.execute(batch)

@@ -5,7 +5,7 @@ a wrong or freed shared block changes its tokens."""
 import random
 
 import pytest
-from engine_helpers import make_engine, run_to_completion
+from engine_helpers import CountingExecutor, make_engine, run_to_completion
 
 from lenserve_contract.errors import InvalidRequestError
 from lenserve_contract.sampling_params import SamplingParams
@@ -15,20 +15,6 @@ from services.scheduler.policies import POLICIES
 from tests.swap_policies import RandomSwapPolicy
 
 PROMPT = list(range(40, 63))        # 23 tokens: 5 full blocks of 4 shared, 3 recomputed
-
-
-class CountingExecutor:
-    """Counts the tokens the executor is fed."""
-
-    def __init__(self, inner):
-        self.inner, self.fed = inner, 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def execute(self, batch):
-        self.fed += sum(len(s.token_ids) for s in batch.sequences)
-        return self.inner.execute(batch)
 
 
 def choices(out):

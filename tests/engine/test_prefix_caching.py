@@ -6,7 +6,7 @@ block accounting (reference counts, the hash index) checked after every step."""
 import random
 
 import pytest
-from engine_helpers import make_engine, replay, run_to_completion
+from engine_helpers import CountingExecutor, make_engine, replay, run_to_completion
 
 from lenserve import LLM
 from lenserve_contract.sampling_params import SamplingParams
@@ -75,20 +75,6 @@ def test_random_swaps_of_requests_sharing_blocks_keep_tokens(monkeypatch, seed):
     on, engine = run(RandomSwapPolicy.name, seed, caching=True, swap_space_gib=SMALL_HOST_GIB)
     assert on == off
     assert engine.kv_manager.stats().bytes_swapped_in > 0
-
-
-class CountingExecutor:
-    """Counts the tokens the executor is fed."""
-
-    def __init__(self, inner):
-        self.inner, self.fed = inner, 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def execute(self, batch):
-        self.fed += sum(len(s.token_ids) for s in batch.sequences)
-        return self.inner.execute(batch)
 
 
 def test_a_shared_system_prompt_is_computed_once_and_counted_as_hits():
