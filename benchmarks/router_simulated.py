@@ -76,8 +76,8 @@ def run_scale(dataset: Path, raw: Path, reuse: bool = False) -> tuple[dict, str]
     args = simulate_args(replicas, num_prompts, [rate], dataset, result,
                          routers=("length-aware",), inner=("vllm",), repeat=True)
     wall = _run(args, result, raw / "scale.log", reuse)
-    line = next(x for x in (raw / "scale.log").read_text().splitlines() if "simulated" in x)
-    m = re.search(r"simulated ([\d.]+)s in ([\d.]+)s \(([\d.]+)s of CPU\)", line)
+    m = re.search(r"simulated ([\d.]+)s in ([\d.]+)s \(([\d.]+)s of CPU\)",
+                  (raw / "scale.log").read_text())   # not the overheads line's "simulated"
     summary = json.loads(result.read_text())["runs"][0]["summary"]
     return ({"replicas": replicas, "requests": num_prompts, "rate": rate,
              "virtual_s": float(m[1]), "replay_wall_s": float(m[2]), "replay_cpu_s": float(m[3]),

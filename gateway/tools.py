@@ -80,7 +80,7 @@ def plan(req: ChatCompletionRequest) -> ToolPlan | None:
     functions = {}
     for i, tool in enumerate(req.tools):
         f, where = tool.function, f"tools[{i}].function"
-        if not NAME.match(f.name):
+        if not isinstance(f.name, str) or not NAME.match(f.name):
             raise bad("tools", f"{where}.name must be 1-64 letters, digits, '_' or '-', got "
                                f"{f.name!r}")
         if f.name in functions:

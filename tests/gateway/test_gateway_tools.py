@@ -224,6 +224,8 @@ def test_tools_and_earlier_calls_reach_the_chat_template(served):
     ({"tools": None, "tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools",
      "letters, digits"),
+    ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools",
+     "letters, digits"),
     ({"tools": [WEATHER, WEATHER]}, "tools", "given twice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "string"}}}]}, "tools", "schema of an object"),
