@@ -187,7 +187,8 @@ def build_workloads(args: argparse.Namespace, samples: list[Sample], cfg: Sample
     if args.dataset_name == "sharegpt-multiturn":
         groups = multiturn_requests(load_conversations(args.dataset_path), tokenizer, MultiTurnConfig(
             cfg.num_prompts, cfg.seed, cfg.max_prompt_len - len(system),
-            cfg.max_total_len - len(system), args.think_time), system)
+            cfg.max_total_len - len(system), args.think_time,
+            fixed_output_len=cfg.fixed_output_len), system)
         return [timed(args.dataset_name, groups, rate, args.burstiness, args.seed)
                 for rate in rates]
     directory = None if getattr(args, "no_token_cache", False) else default_cache_dir()

@@ -34,6 +34,7 @@ class MultiTurnConfig:
     max_total_len: int = 2048       # a conversation ends at its first turn past either limit
     think_time_s: float = 5.0       # mean of the exponential pause before the next turn
     min_len: int = 4
+    fixed_output_len: int | None = None   # --output-len: every turn asks for this many tokens
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
@@ -89,7 +90,7 @@ def _turns(exchanges: list[tuple[str, str]], tokenizer: Any, cfg: MultiTurnConfi
     for k, (human, reply) in enumerate(exchanges):
         prompt = history + tuple(_encode(tokenizer, f"User: {human}\nAssistant:", False))
         reply_ids = tuple(_encode(tokenizer, f" {reply}\n", False))
-        output_len = len(_encode(tokenizer, reply, False))
+        output_len = cfg.fixed_output_len or len(_encode(tokenizer, reply, False))
         if not (cfg.min_len <= len(prompt) <= cfg.max_prompt_len and output_len >= cfg.min_len
                 and len(prompt) + output_len <= cfg.max_total_len):
             break

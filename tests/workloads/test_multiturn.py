@@ -40,6 +40,14 @@ def test_each_turn_carries_the_conversation_so_far_and_the_real_reply_length():
     assert second.after == first.request_id and second.output_len == len("sure thing")
 
 
+def test_a_fixed_output_len_forces_every_turn_and_keeps_the_real_reply_in_the_history():
+    convs = conversations([_record("hello there", "hi, how can I help?", "tell me more", "sure thing")])
+    (group,) = multiturn_requests(convs, CharTokenizer(),
+                                  MultiTurnConfig(2, think_time_s=0, fixed_output_len=5))
+    assert [t.output_len for t in group] == [5, 5]     # --output-len, as for other datasets
+    assert b"hi, how can I help?" in bytes(group[1].prompt_token_ids)
+
+
 def test_a_conversation_stops_at_its_first_turn_past_the_limits_or_out_of_order():
     convs = conversations([_record("a" * 10, "b" * 10, "c" * 500, "d" * 10, "e" * 5, "f" * 5),
                            {"conversations": [{"from": "gpt", "value": "x"}]}])
