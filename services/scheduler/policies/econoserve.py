@@ -323,7 +323,7 @@ class EconoServePolicy(PipeliningMixin, Policy):
     # -- prompt tasks ----------------------------------------------------------------------
     def _admit_prompts(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> None:
         bm = state.block_manager
-        held = self._prompt_kv_held(bm)
+        held = self._distinct_blocks(bm, list(self.prefilling))   # a shared block once
         waiting = self._waiting_kv(bm) if self.gts else 0
         while tokens > 0 and self.pts:
             if waiting and held + waiting >= self.waiting_cap:
@@ -353,10 +353,6 @@ class EconoServePolicy(PipeliningMixin, Policy):
         would cost more than this sum, which runs once per iteration over the waiting GTs."""
         ids = [r.request_id for r in self.gts.ordered() if r.request_id not in self.lender_of]
         return self._distinct_blocks(bm, ids)
-
-    def _prompt_kv_held(self, bm) -> int:
-        """Blocks held by the prompts being prefilled, a shared block once."""
-        return self._distinct_blocks(bm, list(self.prefilling))
 
     @staticmethod
     def _distinct_blocks(bm, ids: list[str]) -> int:
