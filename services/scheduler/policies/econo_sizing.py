@@ -21,6 +21,7 @@ class EconoServeConfig(PolicyConfig):
     reserved_kv_fraction: float = 0.03  # of the pool, kept for prompt tasks (paper: 2-4%)
     waiting_kv_fraction: float = 0.1    # of the pool: prompt KV of prefilled GTs still waiting
     enable_pipelining: bool = True
+    lend_scope: str = "pool"            # "pool": any GT's unwritten tail; "host": halves of one
     buffer_ratio: float = 0.15          # pipelining safety buffer, of the hosting GT's remainder
     group_bucket_tokens: int = 16       # equal predicted remainder (to this bucket) = one group
     sync_groups: bool = True            # select GTs only when due (a GT ended, paused, fits)
@@ -40,6 +41,7 @@ def validate(cfg: EconoServeConfig, sched: SchedulerConfig) -> int:
         (0.0 <= cfg.reserved_kv_fraction < 1.0, "reserved_kv_fraction must be in [0, 1)"),
         (0.0 < cfg.waiting_kv_fraction <= 1.0, "waiting_kv_fraction must be in (0, 1]"),
         (cfg.padding_ratio >= 0.0, "padding_ratio must be >= 0"),
+        (cfg.lend_scope in ("pool", "host"), "lend_scope must be pool or host"),
         (0.0 <= cfg.buffer_ratio < 0.5, "buffer_ratio must be in [0, 0.5)"),
         (cfg.slo_scale > 0.0, "slo_scale must be > 0"),
         (min(cfg.group_bucket_tokens, cfg.default_output_len, cfg.kv_range_blocks,
