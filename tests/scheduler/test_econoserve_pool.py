@@ -28,11 +28,35 @@ def run(*options):
 
 def test_the_pool_lends_every_unwritten_tail_where_one_hosts_halves_do_not_fit():
     decoding, iterations, s = run()                      # the default scope: the pool
-    # All six decode together from the first iteration: the shorts end (buffer included)
-    # before the long GTs' writes reach the blocks they used.
-    assert decoding[1] == 6 and iterations <= 102
+    # All six decode together by the second decoding iteration (the last prompt is admitted
+    # one iteration late, its prompt counted twice): the shorts end, buffer included, before
+    # the long GTs' writes reach the blocks they used.
+    assert decoding[2] == 6 and iterations <= 102
     assert s.stats().num_preemptions == 0 and s.policy.num_pauses == 0
     per_host, host_iterations, _ = run("lend_scope=host")
     assert max(per_host) < 6 and host_iterations > iterations + 20
     whole, whole_iterations, _ = run("enable_pipelining=false")
     assert max(whole[:30]) == 2 and whole_iterations > iterations + 20
+
+
+def test_prefilled_gts_waiting_for_kv_hold_no_more_than_the_reserve_by_default():
+    # One long GT's projection takes most of the pool; twelve prompts arrive behind it. Their
+    # prefilled GTs wait idle, holding prompt KV the decoding GTs cannot use: by default no
+    # more than the reserve's size (1 of 64 blocks here) plus the prompt that crossed it (at 0.1: 7).
+    s = make_scheduler("econoserve", policy_config=("padding_ratio=0",), num_gpu_blocks=64,
+                       block_size=4, max_model_len=256)
+    add(s, make_request("long", 4, 200, predicted_output_len=200, slo_deadline_s=100))
+    step(s)
+    step(s)
+    # 3-token prompts: no full block, so none is shared through the prefix cache.
+    shorts = add(s, *(make_request(f"p{i}", 3, 60, predicted_output_len=60,
+                                   slo_deadline_s=100) for i in range(12)))
+    waiting = []
+    for i in range(600):
+        if not s.has_unfinished_requests():
+            break
+        step(s, float(i))
+        waiting.append(sum(s.block_manager.num_blocks_of(r.request_id)
+                           for r in s.policy.gts.ordered() if r.num_output_tokens <= 1))
+    assert all(r.num_output_tokens == 60 for r in shorts)
+    assert s.policy.waiting_cap == 1 and max(waiting) <= s.policy.reserved_blocks + 1 == 3

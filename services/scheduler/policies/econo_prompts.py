@@ -65,10 +65,13 @@ class PromptsMixin:
             return True
         if self.gts:
             return False
-        target = bm.blocks_for(self.model.target_tokens(req))
-        if self.pooled:          # the GTs' unwritten tails are promised to them
+        if self.pooled:      # its GT, and those of the prompts in prefill, fit the projection
             self._pool_plan(bm)
-            return target <= self._pool_headroom()
+            prof = self._prof
+            for other in self.prefilling.values():
+                prof = self._pool_add(other, bm, 0, prof)
+            return self._pool_slack(req, bm, 0, prof) >= 0
+        target = bm.blocks_for(self.model.target_tokens(req))
         return target <= free - self.reserved_blocks
 
     def _pick_prompt(self, bm, tokens: int, held: int, first: bool) -> Request | None:
