@@ -83,7 +83,8 @@ def test_the_host_takes_a_guest_that_ends_in_time_not_the_largest_that_fits():
 
 
 def test_a_host_whose_guest_finished_lends_again():
-    s = econo("lend_scope=host", "padding_ratio=0", "reserved_kv_fraction=0.15", num_gpu_blocks=20, max_model_len=80)
+    s = econo("lend_scope=host", "padding_ratio=0", "reserved_kv_fraction=0.15",
+              num_gpu_blocks=20, max_model_len=80)
     host = make_request("host", 4, 56, predicted_output_len=56, slo_deadline_s=10)
     first = make_request("first", 4, 8, predicted_output_len=8, slo_deadline_s=10)
     add(s, host, first)

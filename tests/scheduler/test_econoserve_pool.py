@@ -42,7 +42,8 @@ def test_the_pool_lends_every_unwritten_tail_where_one_hosts_halves_do_not_fit()
 def test_prefilled_gts_waiting_for_kv_hold_no_more_than_the_reserve_by_default():
     # One long GT's projection takes most of the pool; twelve prompts arrive behind it. Their
     # prefilled GTs wait idle, holding prompt KV the decoding GTs cannot use: by default no
-    # more than the reserve's size (1 of 64 blocks here) plus the prompt that crossed it (at 0.1: 7).
+    # more than the reserve's size (1 of 64 blocks here) plus the prompt that crossed it
+    # (at the old 0.1: 7).
     s = make_scheduler("econoserve", policy_config=("padding_ratio=0",), num_gpu_blocks=64,
                        block_size=4, max_model_len=256)
     add(s, make_request("long", 4, 200, predicted_output_len=200, slo_deadline_s=100))

@@ -101,10 +101,6 @@ class PoolLendingMixin:
                 return start
         return None
 
-    def _pool_headroom(self) -> int:
-        """Blocks free at the projection's peak: what a prompt may take beyond the reserve."""
-        return int(self._cap - self._prof.max())
-
     def _pool_backfill(self, state, output, head: Request, tokens: int) -> int:
         """The head does not fit the projection: promise it its earliest start (fixed when it
         first waits at the head) and start smaller GTs only if the head still fits there with

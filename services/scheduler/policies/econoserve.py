@@ -9,8 +9,12 @@ iteration:
 2. GT selection, only when it is due (``sync_groups``: a GT finished, paused or moved, or a GT
    was queued that fits the free KV; the paper schedules a time-synced group once, when a group
    completes): GT groups of equal predicted remainder start together from the GT queue until
-   the unreserved KV is allocated, splitting the last group; then each started GT lends the
-   unused halves of its allocation to smaller GTs, recursively (``econo_pipe.py``);
+   the unreserved KV is allocated, splitting the last group. KV pipelining: by default
+   (``lend_scope=pool``, ``econo_pool.py``) GTs write their allocation as they decode and a
+   GT starts when every running GT's projected use, to its predicted end plus the buffer,
+   leaves it room at every future iteration, so the unwritten tails carry other GTs; with
+   ``lend_scope=host`` each started GT lends the unused halves of its own allocation to
+   smaller GTs, recursively (``econo_pipe.py``);
 3. PTs fill the rest of the token budget: within the reserved KV (``reserved_kv_fraction``,
    whatever prefilled GTs hold), or beyond it when no GT waits and the PT's whole allocation
    fits the unreserved free KV. A finished prefill turns the PT into a queued GT that keeps its
