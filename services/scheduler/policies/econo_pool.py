@@ -45,17 +45,25 @@ class PoolLendingMixin:
     def _pool_plan(self, bm) -> None:
         """The running GTs' summed projection and the blocks GTs may use: the pool less the
         blocks of tasks not decoding (waiting GTs, prefilling prompts) and the part of the
-        reserve the prompts have not taken."""
-        prof = np.zeros(1, dtype=np.int64)
-        active_held = 0
+        reserve the prompts have not taken. The projection is ``_use`` of every running GT,
+        summed in one pass over all their iterations (one array op, not one per GT)."""
+        ns, targets, active_held = [], [], 0
         for rid, req in self.active.items():
             if req.status is not _RUNNING:
                 continue
-            use = self._use(req, bm)
-            if len(use) > len(prof):
-                prof = np.pad(prof, (0, len(use) - len(prof)))
-            prof[:len(use)] += use
+            ns.append(req.num_tokens)
+            targets.append(self.model.target_tokens(req))
             active_held += bm.num_blocks_of(rid)
+        if ns:
+            n, target = np.array(ns, dtype=np.int64), np.array(targets, dtype=np.int64)
+            remaining = np.maximum(target - n, 1)
+            span = remaining + (self.options.buffer_ratio * remaining).astype(np.int64)
+            t = np.arange(int(span.sum()), dtype=np.int64) - np.repeat(np.cumsum(span) - span,
+                                                                        span)
+            tokens = np.minimum(np.repeat(n, span) + t, np.repeat(target, span))
+            prof = np.bincount(t, weights=-(-tokens // bm.block_size)).astype(np.int64)
+        else:
+            prof = np.zeros(1, dtype=np.int64)
         prefilling = sum(bm.num_blocks_of(rid) for rid in self.prefilling)
         idle = bm.num_blocks - bm.num_free_blocks - active_held     # held, not decoding
         self._prof = prof
