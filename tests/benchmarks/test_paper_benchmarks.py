@@ -97,6 +97,7 @@ def test_econoserve_paper_quick_reports_sustained_rates_and_paper_metrics(tmp_pa
     assert {r["policy"] for r in record["runs"]["sharegpt"]} == set(econoserve_paper.ORDER)
     assert set(record["sustained"]["alpaca"]["econoserve"]) == {"NL <= 0.05", "NL <= 0.1",
                                                                 "SSR >= 90%"}
+    assert record["packing_bound_req_s"]["sharegpt"] > 0
     text = out.page.read_text()
     assert section_count(text, "econoserve_paper") == 1
     assert "x vllm-v0" in text and "scheduler share of JCT" in text

@@ -182,7 +182,7 @@ def test_econoserve_guests_moved_to_the_host_tier_keep_their_tokens():
     for seed in range(4):
         engine = make_engine("econoserve", num_gpu_blocks=40, max_model_len=64,
                              max_num_batched_tokens=24, swap_space_gib=8 * SMALL_HOST_GIB,
-                             policy_config=("padding_ratio=0",))
+                             policy_config=("padding_ratio=0", "lend_scope=host"))
         reference, _ = run("vllm", seed)
         for rid, prompt, params, n in workload(seed):
             engine.add_request(rid, prompt_token_ids=prompt, sampling_params=params,

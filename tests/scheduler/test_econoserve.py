@@ -50,7 +50,7 @@ def test_exact_allocation_sizes_kv_by_padded_prediction_or_upper_quantile():
 
 
 def test_a_hosted_gt_borrows_the_second_half_and_returns_it():
-    s = econo("padding_ratio=0")
+    s = econo("lend_scope=host", "padding_ratio=0")
     host = make_request("host", 4, 40, predicted_output_len=40, slo_deadline_s=10)
     guest = make_request("guest", 4, 8, predicted_output_len=8, slo_deadline_s=10)
     add(s, host, guest)
@@ -68,7 +68,7 @@ def test_a_hosted_gt_borrows_the_second_half_and_returns_it():
 
 
 def test_the_host_takes_a_guest_that_ends_in_time_not_the_largest_that_fits():
-    s = econo("padding_ratio=0")
+    s = econo("lend_scope=host", "padding_ratio=0")
     host = make_request("host", 4, 40, predicted_output_len=40, slo_deadline_s=10)
     # Fits the 4 spare blocks but would still run when the host needs them back.
     medium = make_request("medium", 4, 16, predicted_output_len=16, slo_deadline_s=10)
@@ -83,7 +83,8 @@ def test_the_host_takes_a_guest_that_ends_in_time_not_the_largest_that_fits():
 
 
 def test_a_host_whose_guest_finished_lends_again():
-    s = econo("padding_ratio=0", "reserved_kv_fraction=0.15", num_gpu_blocks=20, max_model_len=80)
+    s = econo("lend_scope=host", "padding_ratio=0", "reserved_kv_fraction=0.15",
+              num_gpu_blocks=20, max_model_len=80)
     host = make_request("host", 4, 56, predicted_output_len=56, slo_deadline_s=10)
     first = make_request("first", 4, 8, predicted_output_len=8, slo_deadline_s=10)
     add(s, host, first)

@@ -32,7 +32,7 @@ def test_a_large_gt_at_the_head_is_not_starved_by_a_stream_of_small_ones():
 
 
 def test_pipelining_is_recursive_a_guest_hosts_in_what_it_borrowed():
-    s = econo("padding_ratio=0", "buffer_ratio=0.1", num_gpu_blocks=64)
+    s = econo("lend_scope=host", "padding_ratio=0", "buffer_ratio=0.1", num_gpu_blocks=64)
     host = make_request("host", 4, 64, predicted_output_len=64, slo_deadline_s=10)
     guest = make_request("guest", 4, 24, predicted_output_len=24, slo_deadline_s=10)
     inner = make_request("inner", 4, 8, predicted_output_len=8, slo_deadline_s=10)
@@ -51,7 +51,7 @@ def test_pipelining_is_recursive_a_guest_hosts_in_what_it_borrowed():
 
 
 def test_a_guest_that_outgrows_its_range_moves_to_the_host_tier_and_finishes():
-    s = econo("padding_ratio=0", "reserved_kv_fraction=0.1", num_gpu_blocks=32,
+    s = econo("lend_scope=host", "padding_ratio=0", "reserved_kv_fraction=0.1", num_gpu_blocks=32,
               num_host_blocks=32)
     host = make_request("host", 4, 40, predicted_output_len=40, slo_deadline_s=10)
     # Predicted to end well before the host needs its blocks back; it runs 5x longer.

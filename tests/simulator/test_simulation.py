@@ -112,7 +112,8 @@ def test_econoserve_reports_the_kv_it_lends_to_guests():
     for pipelining in ("true", "false"):
         spec = make_spec("econoserve", make_target(constant_cost(0.01), num_gpu_blocks=54),
                          max_model_len=256, predictor="oracle", policy_config=(
-                             f"enable_pipelining={pipelining}", "padding_ratio=0"))
+                             f"enable_pipelining={pipelining}", "padding_ratio=0",
+                             "lend_scope=host"))
         run = simulate(spec, workload(*reqs), 1.0, False)
         assert all(r.success for r in run.records)
         stats[pipelining] = (run.stats, run.records[1].token_times[-1])

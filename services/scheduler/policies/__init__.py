@@ -8,6 +8,7 @@ from services.scheduler.policies.econoserve import EconoServePolicy
 from services.scheduler.policies.fastserve import FastServePolicy
 from services.scheduler.policies.fluidinfer import FluidInferPolicy
 from services.scheduler.policies.ltr import LtrPolicy
+from services.scheduler.policies.multires import MultiResPolicy
 from services.scheduler.policies.orca import OrcaPolicy, StaticPolicy
 from services.scheduler.policies.sarathi import SarathiPolicy
 from services.scheduler.policies.ssjf import SsjfPolicy
@@ -27,6 +28,7 @@ POLICIES: dict[str, type[Policy]] = {
     AlisePolicy.name: AlisePolicy,
     OraclePolicy.name: OraclePolicy,
     EconoServePolicy.name: EconoServePolicy,
+    MultiResPolicy.name: MultiResPolicy,
     FluidInferPolicy.name: FluidInferPolicy,
     AliseFluidPolicy.name: AliseFluidPolicy,
     AliseBoundPolicy.name: AliseBoundPolicy,

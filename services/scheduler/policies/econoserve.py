@@ -9,8 +9,12 @@ iteration:
 2. GT selection, only when it is due (``sync_groups``: a GT finished, paused or moved, or a GT
    was queued that fits the free KV; the paper schedules a time-synced group once, when a group
    completes): GT groups of equal predicted remainder start together from the GT queue until
-   the unreserved KV is allocated, splitting the last group; then each started GT lends the
-   unused halves of its allocation to smaller GTs, recursively (``econo_pipe.py``);
+   the unreserved KV is allocated, splitting the last group. KV pipelining: by default
+   (``lend_scope=pool``, ``econo_pool.py``) GTs write their allocation as they decode and a
+   GT starts when every running GT's projected use, to its predicted end plus the buffer,
+   leaves it room at every future iteration, so the unwritten tails carry other GTs; with
+   ``lend_scope=host`` each started GT lends the unused halves of its own allocation to
+   smaller GTs, recursively (``econo_pipe.py``);
 3. PTs fill the rest of the token budget: within the reserved KV (``reserved_kv_fraction``,
    whatever prefilled GTs hold), or beyond it when no GT waits and the PT's whole allocation
    fits the unreserved free KV. A finished prefill turns the PT into a queued GT that keeps its
@@ -37,6 +41,8 @@ from __future__ import annotations
 from services.scheduler.output import Budget, SchedulerOutput
 from services.scheduler.policies.econo_backfill import reserve
 from services.scheduler.policies.econo_pipe import PipeliningMixin
+from services.scheduler.policies.econo_pool import PoolLendingMixin
+from services.scheduler.policies.econo_prompts import PromptsMixin
 from services.scheduler.policies.econo_queues import OrderedQueue, Ordering
 from services.scheduler.policies.econo_sizing import EconoServeConfig, LengthModel, validate
 from services.scheduler.policy import Policy
@@ -47,7 +53,7 @@ _RUNNING, _SWAPPED = RequestStatus.RUNNING, RequestStatus.SWAPPED
 _BACKFILL_STEPS = 64     # size-index steps per selection while the head waits
 
 
-class EconoServePolicy(PipeliningMixin, Policy):
+class EconoServePolicy(PipeliningMixin, PoolLendingMixin, PromptsMixin, Policy):
     name = "econoserve"
     config_class = EconoServeConfig
 
@@ -55,6 +61,7 @@ class EconoServePolicy(PipeliningMixin, Policy):
         super().__init__(config, policy_config)
         o = self.options
         self.reserved_blocks = validate(o, config)
+        self.pooled = o.enable_pipelining and o.lend_scope == "pool"   # else per host, halves
         self.waiting_cap = max(1, int(o.waiting_kv_fraction * config.num_gpu_blocks))
         self.model = LengthModel(o, config, self.reserved_blocks)
         self.ordering = Ordering(o.deadline_range_s, o.kv_range_blocks, o.length_range_tokens)
@@ -66,6 +73,7 @@ class EconoServePolicy(PipeliningMixin, Policy):
         self.lender_of: dict[str, str] = {}           # guest id -> its host's
         self.guests: dict[str, list[Request]] = {}    # host id -> its guests, latest last
         self._bm = None
+        self._prof, self._cap = None, 0      # pooled lending: projected GT blocks, their cap
         self._due = True                      # GT selection due this iteration
         self.num_selections = 0               # iterations that ran GT selection
         self.num_pauses = 0                   # offload-free preemptions
@@ -149,8 +157,10 @@ class EconoServePolicy(PipeliningMixin, Policy):
         if self._due or not self.options.sync_groups:
             self._due = False
             self.num_selections += 1
+            if self.pooled:
+                self._pool_plan(state.block_manager)
             tokens = self._activate_groups(state, output, tokens)
-            if self.options.enable_pipelining:
+            if self.options.enable_pipelining and not self.pooled:
                 tokens = self._lend_idle_halves(state, output, tokens)
         if not output.scheduled and self.gts:
             tokens = self._force_one_gt(state, output, tokens)
@@ -206,6 +216,11 @@ class EconoServePolicy(PipeliningMixin, Policy):
     def _free_for_gts(self, bm) -> int:
         return bm.num_free_blocks - self.reserved_blocks
 
+    def _fits(self, req: Request, bm) -> bool:
+        if self.pooled:
+            return self._pool_slack(req, bm) >= 0
+        return self.gts.size_of(req) <= self._free_for_gts(bm)
+
     def _group(self, req: Request) -> int:
         return self.model.remaining(req) // self.options.group_bucket_tokens
 
@@ -213,14 +228,16 @@ class EconoServePolicy(PipeliningMixin, Policy):
         bm = state.block_manager
         while tokens > 0 and self.gts:
             head = self.gts.head()
-            if self.gts.size_of(head) > self._free_for_gts(bm):
+            if not self._fits(head, bm):
+                if self.pooled:
+                    return self._pool_backfill(state, output, head, tokens)
                 return self._backfill(state, output, head, tokens)
             group = self._group(head)
             members = [r for r in self.gts.ordered() if self._group(r) == group]
             for req in [head] + [r for r in members if r is not head]:
                 if req not in self.gts:
                     continue                              # hosted by an earlier member
-                if tokens <= 0 or self.gts.size_of(req) > self._free_for_gts(bm):
+                if tokens <= 0 or not self._fits(req, bm):
                     break                                 # split the group: KV is full
                 tokens = self._activate(state, output, req, tokens)
         if tokens <= 0 and self.gts:
@@ -275,15 +292,19 @@ class EconoServePolicy(PipeliningMixin, Policy):
                   tokens: int) -> int:
         bm = state.block_manager
         self.gts.remove(req)
+        own = 0 if req.status is _SWAPPED else bm.num_blocks_of(req.request_id)
         if req.status is _SWAPPED and not state.swap_in(req, output):
             self._queue_gt(req, bm)
             return tokens
-        if not bm.allocate_slots(req.request_id, self.model.target_tokens(req)):
+        if self.pooled:
+            self._pool_start(req, bm, own)   # written as it decodes: its tail is the pool's
+        size = req.num_tokens if self.pooled else self.model.target_tokens(req)
+        if not bm.allocate_slots(req.request_id, size):
             self._queue_gt(req, bm)                      # sizes moved under it: retry later
             return tokens
         self._start(req, output)
         tokens -= 1
-        if self.options.enable_pipelining and tokens > 0:
+        if self.options.enable_pipelining and not self.pooled and tokens > 0:
             tokens = self._host(state, output, req, tokens)
         return tokens
 
@@ -316,73 +337,11 @@ class EconoServePolicy(PipeliningMixin, Policy):
         lowest-priority GTs holding device KV until the head's allocation fits, then run it."""
         bm, head = state.block_manager, self.gts.head()
         self._evict_queued(state, output, head, lambda b: b.num_free_blocks)
+        if self.pooled:
+            self._pool_plan(bm)
         if self.gts.size_of(head) > bm.num_free_blocks:
             return tokens                                # prefills hold the rest: they finish
         return self._activate(state, output, head, tokens)
-
-    # -- prompt tasks ----------------------------------------------------------------------
-    def _admit_prompts(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> None:
-        bm = state.block_manager
-        held = self._distinct_blocks(bm, list(self.prefilling))   # a shared block once
-        waiting = self._waiting_kv(bm) if self.gts else 0
-        while tokens > 0 and self.pts:
-            if waiting and held + waiting >= self.waiting_cap:
-                return      # enough prompts wait for their GT allocation already
-            req = self._pick_prompt(bm, tokens, held, first=not self.prefilling and
-                                    not output.scheduled)
-            if req is None:
-                return
-            state.prefix_start(req)             # admit shares its cached prefix
-            if not state.admit(req, req.num_tokens):
-                return
-            self.pts.remove(req)
-            held += bm.num_blocks_of(req.request_id)
-            # Without chunking an oversized prompt runs whole, alone. A cached prefix was
-            # claimed by the admission: only the rest is fed.
-            n = req.num_tokens - req.num_computed_tokens
-            if self.config.enable_chunked_prefill:
-                n = min(n, tokens)
-            self.prefilling[req.request_id] = req
-            self.keys[req.request_id] = self._key(req, 0, req.num_tokens)
-            output.add(req, n)
-            tokens -= n
-
-    def _waiting_kv(self, bm) -> int:
-        """Blocks of the GTs waiting for their allocation that have never decoded (prompt
-        KV), a block they share (a cached prefix) once; kept up to date at queue changes
-        would cost more than this sum, which runs once per iteration over the waiting GTs."""
-        ids = [r.request_id for r in self.gts.ordered() if r.request_id not in self.lender_of]
-        return self._distinct_blocks(bm, ids)
-
-    @staticmethod
-    def _distinct_blocks(bm, ids: list[str]) -> int:
-        if bm.prefix is not None:
-            return len({b for rid in ids for b in bm.block_table(rid)})
-        return sum(bm.num_blocks_of(rid) for rid in ids)
-
-    def _prompt_fits(self, bm, req: Request, held: int) -> bool:
-        """PTs live in the reserve (the paper's "small amount of KVC reserved for adding
-        PTs"): ``held`` counts the prompts being prefilled, not the prefilled ones waiting as
-        GTs (their KV is the GTs' now), so prompts do not wait beside free blocks. A prompt
-        larger than the whole reserve may use it alone. Beyond it a prompt starts only when
-        no GT waits and its whole allocation fits the unreserved free KV, so that prompts
-        whose GTs could not start do not take the KV the queued GTs wait for."""
-        free = bm.num_free_blocks
-        # Blocks of its cached prefix that other requests hold already cost nothing new.
-        need = bm.blocks_for(req.num_tokens) - bm.num_held_of(bm.match_prefix(req.token_ids))
-        if need <= free and (held + need <= self.reserved_blocks or held == 0):
-            return True
-        target = bm.blocks_for(self.model.target_tokens(req))
-        return not self.gts and target <= free - self.reserved_blocks
-
-    def _pick_prompt(self, bm, tokens: int, held: int, first: bool) -> Request | None:
-        head = self.pts.head()
-        uncached = head.num_tokens - head.num_cached_tokens
-        if uncached <= tokens or self.config.enable_chunked_prefill or first:
-            # The head fits the budget, is chunked into it, or runs whole and alone.
-            return head if self._prompt_fits(bm, head, held) else None
-        fit = self.pts.largest_fitting(tokens)        # binary search: fill the budget
-        return fit if fit is not None and self._prompt_fits(bm, fit, held) else None
 
     # -- after the iteration ---------------------------------------------------------------
     def update(self, output: SchedulerOutput, updated: list[Request], result=None) -> None:
