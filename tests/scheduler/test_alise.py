@@ -70,10 +70,14 @@ def _three_residents_and_a_queued(num_host_blocks, options, d_predicted):
     return s, c, d
 
 
-@pytest.mark.parametrize("swap_wait_s, status", [(0.001, RequestStatus.SWAPPED),
-                                                 (100.0, RequestStatus.RUNNING)])
-def test_a_paused_request_is_offloaded_only_when_its_estimated_wait_is_long(swap_wait_s, status):
-    s, c, d = _three_residents_and_a_queued(64, [f"swap_wait_s={swap_wait_s}"], d_predicted=59)
+@pytest.mark.parametrize("d_predicted, swap_wait_s, status", [
+    (30, 0.001, RequestStatus.SWAPPED),
+    (30, 100.0, RequestStatus.RUNNING),     # its estimated wait is short: it stays
+    (59, 0.001, RequestStatus.RUNNING),     # d ranks behind c: nobody needs c's seat
+])
+def test_a_paused_request_is_offloaded_only_when_its_room_is_needed_and_its_wait_is_long(
+        d_predicted, swap_wait_s, status):
+    s, c, d = _three_residents_and_a_queued(64, [f"swap_wait_s={swap_wait_s}"], d_predicted)
     s.state.budget = Budget(2, 3)          # two decodes per iteration: c pauses, d queues
     out, _ = step(s)
     assert scheduled(out) == {"a": 1, "b": 1}

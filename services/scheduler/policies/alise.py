@@ -15,10 +15,12 @@
 * Hysteresis: a queued request evicts a resident only when better by ``preempt_margin_s``
   plus the victim's recompute time, so two near-equal aging requests do not trade places
   every iteration.
-* Preempted KV (Eq. 6-7, Alg. 2): residents that are not served stay on the device while their
-  estimated wait EWT is short; a paused resident whose EWT reaches ``swap_wait_s`` is offloaded
-  to the host tier ahead of need when others are queued; a resident evicted for a better
-  request is swapped, or recomputed when the host tier is full or absent (or ``swap=false``).
+* Preempted KV (Eq. 6-7, Alg. 2): residents that are not served stay on the device; a paused
+  resident is offloaded to the host tier ahead of need, worst first, when queued requests
+  ranked ahead of it lack seats or blocks for the next iteration (it is beyond the GPU job
+  limit M, which memory sets) and its estimated wait EWT reaches ``swap_wait_s``; a resident
+  evicted for a better request is swapped, or recomputed when the host tier is full or absent
+  (or ``swap=false``).
   EWT = min(work ranked ahead / requests served per iteration, time for aging to lift it to the
   head). The paper sums the work ahead; dividing by the batch accounts for that work running
   concurrently.
@@ -34,6 +36,12 @@
   upload is skipped when its blocks would leave the residents no room to grow, would take
   the prompt blocks of a better-ranked new request, or when its estimated wait reaches
   ``swap_wait_s`` (it would be offloaded again before it ran).
+
+* Long prompts (``reserve_decodes``, ``reserve_growth``; ``ranked.py``): a prefill chunk leaves
+  a token of the budget to each resident ranked behind it, so a long prompt that outranks the
+  residents does not pause their decodes (whose EWT then looked long enough to offload them);
+  an admission or an upload leaves the residents ranked ahead the blocks of their next step,
+  so a swapped request is not brought back into blocks a better prompt's next chunk needs.
 
 * Token-gap bound (``max_gap_s``, off by default; FluidInfer's latency bound, paper 002, as a
   hard limit on ALISE's preemption): a started request whose stream has waited ``max_gap_s``
@@ -86,6 +94,8 @@ class AliseConfig(RankedConfig):
     max_gap_s: float = 0.0
     # ...and keeps its seat for this many iterations once it runs.
     gap_quantum: int = 8
+    reserve_decodes: bool = True     # a prefill chunk leaves the residents behind it a token
+    reserve_growth: bool = True      # an admission leaves the residents ahead room to grow
 
 
 # Rank of a stalled or guarded request: ahead of every remaining-time key, oldest wait first.

@@ -30,9 +30,9 @@ class AliseSwaps:
         if seats <= 0:
             return
         bm, blocks_for = state.block_manager, self.config.blocks_for
-        # Room the residents need to grow by a token next iteration stays free.
-        grow = sum(1 for rid, r in state.running.items()
-                   if blocks_for(r.num_tokens + 1) > bm.num_blocks_of(rid))
+        # Room the residents need for their next step stays free (reserve_growth: the rest of
+        # a prompt being prefilled too; else a decode's next block).
+        grow = self._growth(state)
         free = bm.num_free_blocks - self.options.watermark_blocks - grow
         gone = p.evicted | {rid for rid, _ in output.swapped_out}
         served = max(1, len(output.scheduled))
@@ -52,6 +52,14 @@ class AliseSwaps:
             self._on_uploaded(req)
             free -= need
 
+    def _growth(self, state: SchedulerState) -> int:
+        """Blocks the residents lack for their next step."""
+        if self.options.reserve_growth:
+            return self._blocks_to_grow(state, state.running.values())
+        bm, blocks_for = state.block_manager, self.config.blocks_for
+        return sum(1 for rid, r in state.running.items()
+                   if blocks_for(r.num_tokens + 1) > bm.num_blocks_of(rid))
+
     def _uploads_ahead(self, request: Request) -> bool:
         # A request rescued for its token gap must run now: that upload is the one waited for.
         return self.options.upload_ahead and not (
@@ -68,18 +76,52 @@ class AliseSwaps:
         return sum(remaining[rid] for rid, k in keys.items() if k < key_now) / num_served
 
     def _offload(self, state, output, p: _Pass, served: set[str], paused: list[Request]) -> None:
+        """Alg. 2, lines 8-9: a paused resident is offloaded when it is beyond the GPU job
+        limit M, that is when queued requests ranked ahead of it need its seat or its blocks
+        (memory sets M), and its EWT reaches ``swap_wait_s``; worst first. One that nobody
+        needs room from stays on the device: keeping it costs nothing, a round trip costs
+        two copies on the link."""
+        seats, blocks = self._shortfall(state, output, p, paused)
+        if seats <= 0 and blocks <= 0:
+            return
         ahead, running_sum = {}, 0.0      # work ranked ahead of each resident: prefix sums
         for r in p.ranked:
             ahead[r.request_id] = running_sum
             running_sum += self._remaining.get(r.request_id, 0.0)
         best = self._keys[p.ranked[0].request_id]
-        for req in paused:
-            if req.request_id in self._uploaded:
-                continue        # uploaded for the seat it has not had yet: no round trip
+        head = self.queues.head()
+        first = head[0] - self.options.aging_rate * state.now
+        bm = state.block_manager
+        for req in reversed(paused):
+            if seats <= 0 and blocks <= 0:
+                return
+            if req.request_id in self._uploaded or self._keys[req.request_id] <= first:
+                continue        # uploaded for its coming seat, or no queued request ahead of it
             ewt = self.estimated_wait_s(req, ahead[req.request_id], len(served), best)
+            held = bm.num_blocks_of(req.request_id)
             if ewt >= self.options.swap_wait_s and state.can_swap_out(req) \
                     and state.swap_out(req, output):
                 self._push(req)
+                seats, blocks = seats - 1, blocks - held
+
+    def _shortfall(self, state, output, p: _Pass, paused: list[Request]) -> tuple[int, int]:
+        """(seats, blocks) that the queued requests ranked ahead of the worst paused resident
+        lack on the device next iteration, past what is free or being freed."""
+        rate, worst = self.options.aging_rate, self._keys[paused[-1].request_id]
+        bm, blocks_for = state.block_manager, self.config.blocks_for
+        need = count = 0
+        for key, req in self.queues.best(len(paused)):
+            if key - rate * state.now >= worst:
+                break
+            count += 1
+            need += blocks_for(req.num_computed_tokens + 1 if req.status is RequestStatus.SWAPPED
+                               else req.num_tokens - req.num_cached_tokens)
+        if not count:
+            return 0, 0
+        grow = self._growth(state)
+        freed = sum(len(blocks) for _, blocks in output.swapped_out)     # after the copies
+        seats = len(state.running) + count - self._max_residents(state.budget)
+        return seats, need + grow + self.options.watermark_blocks - bm.num_free_blocks - freed
 
     def estimated_wait_s(self, req: Request, resident_work_ahead: float, num_served: int,
                          best_key: float) -> float:

@@ -14,6 +14,21 @@ request that needs blocks freed by a swap waits one iteration for them instead o
 more. A resident that cannot grow evicts worse residents; if none is left it stays paused
 (better-ranked requests hold the memory and will finish or evict it), so the loop cannot
 livelock the way self-preemption can.
+
+With ``reserve_decodes`` a prefill chunk (an admission, or a resident still prefilling) leaves
+one token of the budget to each resident ranked behind it that this iteration may still run:
+otherwise a long prompt that outranks the residents takes the whole budget, iteration after
+iteration, and pauses every decode behind it. The rank still decides who is admitted, evicted
+and served first; a decode step in a batch costs about what one more prompt token would
+(``max_num_batched_tokens`` sizes the iteration), so the chunk is a few percent smaller while
+every resident keeps its token. As in paper 001 (whose batch holds the best jobs whole, with no
+token budget) and in vLLM (decodes first, prompts in what is left).
+
+With ``reserve_growth`` an admission also leaves free the blocks the residents ranked ahead of
+it need for their next step (the rest of a prompt being prefilled, a decode's next block):
+taken, they would make a better resident evict the worst one next iteration, often the very
+request just admitted or uploaded, which then comes back, round after round, each time
+paying two copies on the host link.
 """
 from __future__ import annotations
 
@@ -36,12 +51,20 @@ class RankedConfig(PolicyConfig):
     watermark_blocks: int = 0        # free blocks an admission leaves for residents to grow
     default_output_len: int = 128    # assumed length of a request with no prediction yet...
     default_from_median: bool = True  # ...until finished requests give a running median
+    # A prefill chunk leaves one token of the iteration's budget to each resident ranked
+    # behind it (see the module docstring); off: the budget goes in rank order.
+    reserve_decodes: bool = False
+    # An admission leaves free the blocks that the residents ranked ahead of it need next
+    # iteration (see the module docstring); off: it may take them, and a resident that then
+    # cannot grow evicts the worst-ranked one, often the request just admitted.
+    reserve_growth: bool = False
 
 
 class _Pass:
     """One iteration's progress through the ranked residents."""
 
-    __slots__ = ("deferred", "evicted", "head", "queue_blocked", "ranked", "tail", "tokens")
+    __slots__ = ("ahead", "ahead_need", "deferred", "evicted", "head", "queue_blocked",
+                 "ranked", "tail", "tokens")
 
     def __init__(self, ranked: list[Request], tokens: int):
         self.ranked, self.tokens = ranked, tokens
@@ -49,6 +72,19 @@ class _Pass:
         self.deferred = 0                # device blocks freed by this iteration's swap-outs
         self.evicted: set[str] = set()
         self.queue_blocked = False
+        # reserve_growth: blocks the residents ranked[:ahead] need next iteration.
+        self.ahead = self.ahead_need = 0
+
+    def behind(self, start: int, limit: int) -> int:
+        """Residents from rank ``start`` on that this iteration may still serve, at most
+        ``limit`` (the seats left)."""
+        n, ranked = 0, self.ranked
+        for i in range(start, self.tail + 1):
+            if n >= limit:
+                break
+            if ranked[i].status is _RUNNING:
+                n += 1
+        return n
 
     def next_resident(self) -> Request | None:
         ranked = self.ranked
@@ -121,6 +157,7 @@ class RankedPolicy(Policy):
     # -- the loop ------------------------------------------------------------------------------
     def schedule(self, state: SchedulerState, budget: Budget) -> SchedulerOutput:
         output = state.new_output()
+        self._budget_seqs = budget.max_num_seqs
         p = _Pass(self._rank_residents(state), budget.max_num_batched_tokens)
         # One turn per resident per iteration: the hooks and the pass's fields in locals.
         ranked, preemption = p.ranked, self.options.preemption
@@ -155,6 +192,10 @@ class RankedPolicy(Policy):
         n = len(req.token_ids) - computed
         if n > p.tokens:  # noqa: PLR1730 - a min() call costs more than the rest of the line
             n = p.tokens
+        if n > 1 and self.options.reserve_decodes and self.config.enable_chunked_prefill:
+            n = min(n, p.tokens - self._reserve(p, p.head, output))   # a prefill chunk
+            if n <= 0:
+                return
         bm = state.block_manager
         table = bm.tables.get(req.request_id)
         # Most decode steps fit in the blocks the request holds already.
@@ -177,7 +218,10 @@ class RankedPolicy(Policy):
     def _admit(self, state: SchedulerState, output: SchedulerOutput, p: _Pass, cand: Request,
                budget: Budget) -> bool:
         start = state.prefix_start(cand)
-        n = self._chunk(cand, start, p.tokens, output)
+        tokens = p.tokens
+        if self.options.reserve_decodes:
+            tokens -= self._reserve(p, p.head, output)
+        n = self._chunk(cand, start, tokens, output)
         if cand.status is _SWAPPED and self._uploads_ahead(cand):
             n = 1       # room for its next token; it runs next iteration, its KV copied by then
         if n == 0 or not self._make_room(state, output, p, cand, start + n, budget):
@@ -203,10 +247,14 @@ class RankedPolicy(Policy):
         self._on_served(cand, state)
         return True
 
+    def _reserve(self, p: _Pass, start: int, output: SchedulerOutput) -> int:
+        """Budget tokens a prefill chunk leaves to the residents ranked from ``start`` on."""
+        return p.behind(start, self._budget_seqs - len(output.scheduled) - 1)
+
     def _chunk(self, req: Request, start: int, tokens: int, output: SchedulerOutput) -> int:
         pending = req.num_tokens - start
         if pending <= tokens or self.config.enable_chunked_prefill:
-            return min(pending, tokens)
+            return max(0, min(pending, tokens))
         # Without chunking a prompt runs whole; an oversized one runs alone.
         return 0 if output.scheduled else pending
 
@@ -219,6 +267,8 @@ class RankedPolicy(Policy):
             self._evict(state, output, p, victim)
         bm = state.block_manager
         need = self.config.blocks_for(end) + self.options.watermark_blocks
+        if self.options.reserve_growth:
+            need += self._growth_ahead(state, p)
         while bm.num_free_blocks < need:
             if bm.num_free_blocks + p.deferred >= need:
                 return False        # room arrives when this iteration's swap copies finish
@@ -227,6 +277,27 @@ class RankedPolicy(Policy):
                 return False
             self._evict(state, output, p, victim)
         return True
+
+    def _growth_ahead(self, state: SchedulerState, p: _Pass) -> int:
+        """Blocks that the residents ranked ahead of the queue's head (served or paused this
+        iteration) still lack for their next step: the rest of a prompt being prefilled, or
+        the block a decode fills next. O(1) amortised: the ranks ahead only grow."""
+        ranked = p.ranked
+        if p.ahead < p.head:
+            p.ahead_need += self._blocks_to_grow(state, [r for r in ranked[p.ahead:p.head]
+                                                         if r.status is _RUNNING])
+            p.ahead = p.head
+        return p.ahead_need
+
+    def _blocks_to_grow(self, state: SchedulerState, residents) -> int:
+        """Blocks ``residents`` lack for their next step: the rest of a prompt being
+        prefilled, or the block a decode fills next."""
+        bm, blocks_for, need = state.block_manager, self.config.blocks_for, 0
+        for r in residents:
+            more = blocks_for(len(r.token_ids) + 1) - bm.num_blocks_of(r.request_id)
+            if more > 0:
+                need += more
+        return need
 
     def _victim(self, state: SchedulerState, p: _Pass, beneficiary: Request,
                 candidate: Request | None) -> Request | None:
