@@ -95,9 +95,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 step = await link.queue.get()
                 while not link.queue.empty():           # admissions ride with the chunks
                     step += link.queue.get_nowait()
-                if isinstance(step[-1], rpc.Malformed):
+                bad = next((x for x in step if isinstance(x, rpc.Malformed)), None)
+                if bad is not None:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                        f"malformed request: {step[-1].error}")
+                                        f"malformed request: {bad.error}")
                 yield link.reply(step)
         finally:
             reader.cancel()
