@@ -98,6 +98,8 @@ class ReplicaLink:
                        ConnectionError("the replica ended its streams"))
         finally:
             self._outbox = None
+            outbox.put_nowait(None)     # ends the writer, which grpc does not cancel once the
+            # call has failed
             for task in readers:
                 task.cancel()
             # Collected, so that a stream's error never goes unretrieved.
@@ -115,6 +117,7 @@ class ReplicaLink:
 
 
 async def _drain(outbox: asyncio.Queue):
-    """The link's requests, as grpc reads them (its own task writes each in order)."""
-    while True:
-        yield await outbox.get()
+    """The link's requests, as grpc reads them (its own task writes each in order), until
+    None."""
+    while (msg := await outbox.get()) is not None:
+        yield msg
