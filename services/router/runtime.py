@@ -48,6 +48,7 @@ class _Sink:
     # Set once a replica admitted it (an admission or a chunk), or to the reason none did;
     # only a caller that answers with it (``Submit``) asks for one.
     admitted: asyncio.Future | None = None
+    until: float = 0.0              # monotonic: the end of its hold, placing it first
 
 
 class Router:
@@ -103,8 +104,8 @@ class Router:
         try:
             sink.placement = await self._placement(request)
             until = self._hold_until(deadline)
-            await self._send(sink, frozenset(), until if place_by is None else
-                             min(until, place_by))
+            sink.until = until if place_by is None else min(until, place_by)
+            await self._send(sink, frozenset(), sink.until)
             if sink.admitted is not None:
                 await sink.admitted
         except BaseException:
@@ -199,7 +200,7 @@ class Router:
             self.num_submit_failures += 1
             log.warning("replica %s did not take request %s: %s; trying another", replica, rid,
                         error.message)
-            asyncio.ensure_future(self._replace(sink, replica))
+            asyncio.ensure_future(self._replace(sink, replica, sink.until))
             return
         del self.sinks[rid]
         self._fail(sink, Refused(error.message, error.field))
@@ -248,10 +249,18 @@ class Router:
             if sink is not None:
                 asyncio.ensure_future(self._replace(sink, replica))
 
-    async def _replace(self, sink: _Sink, lost: str) -> None:
+    async def _replace(self, sink: _Sink, lost: str, until: float | None = None) -> None:
+        """Place again a request ``lost`` held unstarted (a new hold), or one it could not take
+        (``until``: within the first hold, and the same replica not again at once)."""
         rid = sink.request.request_id
         try:
-            await self._send(sink, frozenset({lost}), self._hold_until(sink.deadline))
+            if until is not None:
+                if not self.core.up_replicas(frozenset({lost})):
+                    await asyncio.sleep(_POLL_S)
+                if time.monotonic() >= until:
+                    self.num_expired += 1
+                    raise NoReplica(f"replica {lost} could not take the request")
+            await self._send(sink, frozenset({lost}), until or self._hold_until(sink.deadline))
         except NoReplica as exc:
             if self.sinks.pop(rid, None) is not None:
                 self.core.on_finished(rid)

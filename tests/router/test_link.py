@@ -5,6 +5,7 @@ front of routers (it serves ``Link`` too)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 
 import grpc
@@ -104,27 +105,51 @@ class _Stopped(scheduler_pb2_grpc.SchedulerServiceServicer):
 
 
 async def test_a_request_a_replica_cannot_take_is_placed_on_another():
-    stopped, port = rpc.new_server("127.0.0.1:0", "stopped replica")
-    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(_Stopped(), stopped)
-    await stopped.start()
+    stopped, fake = await _stopped_replica()
     good = await Replica().start()
-
-    class Fake:
-        target = f"127.0.0.1:{port}"
-    router, server, target = await start_router([Fake(), good], policy="round-robin")
+    router, server, target = await start_router([fake, good], policy="round-robin")
     client = AsyncClient(target, multiplex=True)
     try:
         results = await asyncio.gather(*(run(client, f"p{i}", 3) for i in range(4)))
         assert all(len(tokens) == 3 for tokens, _ in results)
         assert router.num_submit_failures >= 1       # round-robin sent some to the stopped one
         assert router.core.replicas[good.target].num_placed == 4
-        assert router.core.replicas[Fake.target].num_placed == router.num_submit_failures
+        assert router.core.replicas[fake.target].num_placed == router.num_submit_failures
     finally:
         await client.close()
         await server.stop(grace=None)
         await router.close()
         await stopped.stop(grace=None)
         await good.stop()
+
+
+async def _stopped_replica():
+    server, port = rpc.new_server("127.0.0.1:0", "stopped replica")
+    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(_Stopped(), server)
+    await server.start()
+
+    class Stopped:
+        target = f"127.0.0.1:{port}"
+    return server, Stopped()
+
+
+async def test_a_request_no_replica_can_take_ends_within_its_hold():
+    stopped, replica = await _stopped_replica()
+    router, server, target = await start_router([replica], hold_s=0.3)
+    client = AsyncClient(target, retries=0)
+    try:
+        began = time.monotonic()
+        tokens, last = await asyncio.wait_for(run(client, "hello", 3), BOUND_S)
+        assert not tokens and last.outputs[0].finish_reason == "error"
+        assert "could not take" in last.error
+        # Sent again after a pause each time, not in a loop as fast as the refusals come.
+        assert router.num_submit_failures <= (time.monotonic() - began) / 0.02 + 1
+        assert not router.sinks and not router.core.requests
+    finally:
+        await client.close()
+        await server.stop(grace=None)
+        await router.close()
+        await stopped.stop(grace=None)
 
 
 async def test_a_router_in_front_of_a_router_serves_as_a_replica():
