@@ -85,11 +85,16 @@ class StubReplica(scheduler_pb2_grpc.SchedulerServiceServicer):
         reader = asyncio.ensure_future(self._take(request_iterator, queue))
         try:
             while True:
-                item = await queue.get()
-                if isinstance(item, scheduler_pb2.Admission):
-                    yield scheduler_pb2.LinkReply(admissions=[item])
-                else:
-                    yield scheduler_pb2.LinkReply(chunks=[item])
+                items = [await queue.get()]
+                while not queue.empty():        # as a replica sends what is ready at once
+                    items.append(queue.get_nowait())
+                reply = scheduler_pb2.LinkReply()
+                for item in items:
+                    if isinstance(item, scheduler_pb2.Admission):
+                        reply.admissions.append(item)
+                    else:
+                        reply.chunks.append(item)
+                yield reply
         finally:
             reader.cancel()
 
