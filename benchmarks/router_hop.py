@@ -1,5 +1,5 @@
 """The router hop in isolation, for ``benchmarks/router.py``: one stub replica that answers at
-once on the scheduler's contract (``Generate``, ``Subscribe``/``Submit``, ``StreamLoad``:
+once on the scheduler's contract (``Generate``, ``Subscribe``/``Submit``, ``Link``, ``StreamLoad``:
 ``TOKENS`` one-token chunks per request, ``STEP_S`` apart, no model, no queue), and one router
 (its default policy, ``length-aware``) in front of it, each its own process. The client sends
 the same request straight to the stub and through the router, alternating request by request,
@@ -79,6 +79,31 @@ class StubReplica(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def _feed(queue: asyncio.Queue, request: common_pb2.Request) -> None:
         async for chunk in _paced(request):
             queue.put_nowait(chunk)
+
+    async def Link(self, request_iterator, context):
+        queue: asyncio.Queue = asyncio.Queue()
+        reader = asyncio.ensure_future(self._take(request_iterator, queue))
+        try:
+            while True:
+                items = [await queue.get()]
+                while not queue.empty():        # as a replica sends what is ready at once
+                    items.append(queue.get_nowait())
+                reply = scheduler_pb2.LinkReply()
+                for item in items:
+                    if isinstance(item, scheduler_pb2.Admission):
+                        reply.admissions.append(item)
+                    else:
+                        reply.chunks.append(item)
+                yield reply
+        finally:
+            reader.cancel()
+
+    async def _take(self, request_iterator, queue: asyncio.Queue) -> None:
+        async for msg in request_iterator:
+            if msg.HasField("submit"):
+                rid = msg.submit.request_id
+                queue.put_nowait(scheduler_pb2.Admission(request_id=rid))
+                asyncio.ensure_future(self._feed(queue, msg.submit))
 
     async def Abort(self, request, context):
         return scheduler_pb2.AbortResponse(found=False)

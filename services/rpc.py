@@ -70,7 +70,8 @@ def _guard_stream(behaviour):
 
 def _guard(h: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     if h.request_streaming:
-        return h   # no client-streaming RPCs in the contract
+        # A stream's handler reads each message and refuses a ``Malformed`` one itself.
+        return h._replace(request_deserializer=_tolerant(h.request_deserializer))
     return h._replace(
         request_deserializer=_tolerant(h.request_deserializer),
         unary_unary=_guard_unary(h.unary_unary) if h.unary_unary else None,

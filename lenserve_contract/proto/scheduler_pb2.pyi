@@ -101,6 +101,30 @@ class SubmitResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class LinkRequest(_message.Message):
+    __slots__ = ("submit", "abort")
+    SUBMIT_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    submit: _common_pb2.Request
+    abort: str
+    def __init__(self, submit: _Optional[_Union[_common_pb2.Request, _Mapping]] = ..., abort: _Optional[str] = ...) -> None: ...
+
+class Admission(_message.Message):
+    __slots__ = ("request_id", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    error: _common_pb2.ErrorDetail
+    def __init__(self, request_id: _Optional[str] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...
+
+class LinkReply(_message.Message):
+    __slots__ = ("chunks", "admissions")
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    ADMISSIONS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenChunk]
+    admissions: _containers.RepeatedCompositeFieldContainer[Admission]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.TokenChunk, _Mapping]]] = ..., admissions: _Optional[_Iterable[_Union[Admission, _Mapping]]] = ...) -> None: ...
+
 class LoadRequest(_message.Message):
     __slots__ = ("interval_s",)
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]

@@ -50,6 +50,11 @@ class SchedulerServiceStub:
                 request_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.SubmitRequest.SerializeToString,
                 response_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.SubmitResponse.FromString,
                 _registered_method=True)
+        self.Link = channel.stream_stream(
+                '/lenserve.proto.SchedulerService/Link',
+                request_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.LinkRequest.SerializeToString,
+                response_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.LinkReply.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/lenserve.proto.SchedulerService/Abort',
                 request_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.AbortRequest.SerializeToString,
@@ -89,6 +94,12 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Link(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Abort(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -124,6 +135,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.Submit,
                     request_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.SubmitRequest.FromString,
                     response_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.SubmitResponse.SerializeToString,
+            ),
+            'Link': grpc.stream_stream_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=lenserve__contract_dot_proto_dot_scheduler__pb2.LinkRequest.FromString,
+                    response_serializer=lenserve__contract_dot_proto_dot_scheduler__pb2.LinkReply.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -222,6 +238,33 @@ class SchedulerService:
             '/lenserve.proto.SchedulerService/Submit',
             lenserve__contract_dot_proto_dot_scheduler__pb2.SubmitRequest.SerializeToString,
             lenserve__contract_dot_proto_dot_scheduler__pb2.SubmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Link(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/lenserve.proto.SchedulerService/Link',
+            lenserve__contract_dot_proto_dot_scheduler__pb2.LinkRequest.SerializeToString,
+            lenserve__contract_dot_proto_dot_scheduler__pb2.LinkReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,6 +2,11 @@
 request's chunks go (a ``Generate`` stream's queue, or a subscription's). Runs on one event
 loop; every callback from a link is a plain function on that loop, so the core needs no lock.
 
+Sending a request is a message on the replica's link; nothing waits for its admission before
+the first chunk can be relayed (a ``Submit`` waits for it, to answer with the replica's
+refusal as a replica would). A refused request's error goes to whoever waits on it; a replica
+that could not take it (its engine stopped) has it placed elsewhere.
+
 Placement waits for a replica to be up for at most the request's hold: ``hold_s`` from when it
 arrived (or was lost with its replica), and never past its own deadline; past it the request
 ends with an error rather than wait on."""
@@ -28,9 +33,10 @@ _POLL_S = 0.02              # how often a held request looks for a replica that 
 class Refused(Exception):
     """The replica refused the request (bad input): the caller gets the same status."""
 
-    def __init__(self, err: grpc.aio.AioRpcError):
-        super().__init__(err.details())
-        self.err = err
+    def __init__(self, message: str, field: str = "",
+                 code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT):
+        super().__init__(message)
+        self.message, self.field, self.code = message, field, code
 
 
 @dataclass
@@ -39,6 +45,10 @@ class _Sink:
     request: common_pb2.Request
     deadline: float | None          # monotonic; None: none given
     placement: Placement = field(default=None)     # type: ignore[assignment]
+    # Set once a replica admitted it (an admission or a chunk), or to the reason none did;
+    # only a caller that answers with it (``Submit``) asks for one.
+    admitted: asyncio.Future | None = None
+    until: float = 0.0              # monotonic: the end of its hold, placing it first
 
 
 class Router:
@@ -52,7 +62,7 @@ class Router:
         self.sinks: dict[str, _Sink] = {}
         self.num_prediction_failures = 0
         self.num_expired = 0        # held past their deadline with no replica up
-        self.num_submit_failures = 0    # a replica's Submit failed (lost, or too slow)
+        self.num_submit_failures = 0    # a replica could not take a request (engine stopped)
 
     # -- membership --------------------------------------------------------------------------
     def set_replicas(self, names: list[str]) -> None:
@@ -60,7 +70,7 @@ class Router:
         for name in names:
             if name not in self.links:
                 self.core.add_replica(name)
-                link = ReplicaLink(name, self.core.on_load, self._on_chunks, self._on_lost,
+                link = ReplicaLink(name, self.core.on_load, self._on_reply, self._on_lost,
                                    load_interval_s=self.load_interval_s)
                 self.links[name] = link
                 link.start()
@@ -77,42 +87,46 @@ class Router:
 
     # -- requests ----------------------------------------------------------------------------
     async def start(self, request: common_pb2.Request, queue: asyncio.Queue,
-                    deadline: float | None, place_by: float | None = None) -> None:
-        """Predict, place and send one request; its chunks go to ``queue`` from now on.
-        ``deadline``: the request's own (monotonic; None: the caller enforces one);
-        ``place_by``: when the call that sends it gives up (a ``Submit``'s deadline).
-        Raises Refused (bad input), NoReplica (none up within its hold) or ValueError (the id
-        is already running)."""
+                    deadline: float | None, place_by: float | None = None,
+                    admitted: bool = False) -> None:
+        """Predict, place and send one request; its chunks go to ``queue`` from now on, and a
+        refusal (Refused) too, unless ``admitted``: then this returns once a replica admitted
+        it, and raises the refusal. ``deadline``: the request's own (monotonic; None: the
+        caller enforces one); ``place_by``: when the call that sends it gives up (a
+        ``Submit``'s deadline). Raises Refused (bad input), NoReplica (none up within its
+        hold) or ValueError (the id is already running)."""
         rid = request.request_id
         if not rid or rid in self.sinks:
             raise ValueError(f"request_id {rid!r} is empty or already running")
         sink = self.sinks[rid] = _Sink(queue, request, deadline)
+        if admitted:
+            sink.admitted = asyncio.get_running_loop().create_future()
         try:
             sink.placement = await self._placement(request)
             until = self._hold_until(deadline)
-            await self._send(sink, frozenset(), until if place_by is None else
-                             min(until, place_by))
+            sink.until = until if place_by is None else min(until, place_by)
+            await self._send(sink, frozenset(), sink.until)
+            if sink.admitted is not None:
+                await sink.admitted
         except BaseException:
-            self.sinks.pop(rid, None)
-            self.core.unplace(rid)
+            if self.sinks.get(rid) is sink:
+                self.abort(rid, notify=False)
             raise
 
-    async def abort(self, request_id: str) -> bool:
-        sink = self.sinks.get(request_id)
-        if sink is None or sink.placement is None or not sink.placement.replica:
+    def abort(self, request_id: str, notify: bool = True) -> bool:
+        """Stop a request wherever it was sent; its stream ends as the replica's would (unless
+        not ``notify``: its caller has gone)."""
+        sink = self.sinks.pop(request_id, None)
+        if sink is None:
             return False
-        del self.sinks[request_id]
-        link = self.links.get(sink.placement.replica)
+        replica = sink.placement.replica if sink.placement is not None else ""
         self.core.on_finished(request_id)
-        if link is not None:
-            await link.abort(request_id)
-        sink.queue.put_nowait([_aborted(request_id)])    # its stream ends as the replica's would
-        return True
-
-    def drop(self, request_id: str) -> None:
-        """Its caller went away (the abort is the caller's to send)."""
-        self.sinks.pop(request_id, None)
-        self.core.on_finished(request_id)
+        if replica in self.links:
+            self.links[replica].abort(request_id)
+        if notify:
+            sink.queue.put_nowait([_aborted(request_id)])
+        _settle(sink.admitted)          # a Submit that waits on it returns: it has ended
+        return bool(replica)
 
     async def _placement(self, request: common_pb2.Request) -> Placement:
         prompt_tokens = len(request.prompt_token_ids) or \
@@ -140,9 +154,11 @@ class Router:
         return hold if deadline is None else min(hold, deadline)
 
     async def _send(self, sink: _Sink, exclude: frozenset[str], until: float) -> None:
-        """Place and submit, trying another replica while one fails to take it."""
+        """Place and send, waiting for a replica to be up until ``until``."""
         placement = sink.placement
         while True:
+            if self.sinks.get(placement.request_id) is not sink:
+                return      # aborted while it waited
             try:
                 view = self.core.place(placement, exclude)
             except NoReplica:
@@ -151,35 +167,64 @@ class Router:
                     raise
                 await asyncio.sleep(_POLL_S)
                 continue
-            try:
-                # The rest of the hold: a replica whose streams are open is slow, not lost (a
-                # lost one ends them and is drained), and another is no faster to take it.
-                await self.links[view.name].submit(sink.request,
-                                                   max(0.001, until - time.monotonic()))
+            if self.links[view.name].submit(sink.request):
                 return
-            except grpc.aio.AioRpcError as err:
-                self.core.unplace(placement.request_id)
-                if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                    raise Refused(err) from None
-                self.num_submit_failures += 1
-                log.warning("replica %s did not take request %s: %s; trying another", view.name,
-                            placement.request_id, err.details() or err.code())
-                if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    # It may yet add the request after the call gave up: stop it there, so
-                    # that it does not run twice.
-                    asyncio.ensure_future(self.links[view.name].abort(placement.request_id))
-                exclude |= {view.name}        # lost or not subscribed yet: another one
-                if time.monotonic() >= until:
-                    raise NoReplica(f"replica {view.name} did not take the request: "
-                                    f"{err.details()}") from None
+            self.core.unplace(placement.request_id)     # its link is down: being lost
+            exclude |= {view.name}
 
     # -- callbacks from the links ------------------------------------------------------------
+    def _on_reply(self, replica: str, reply) -> None:
+        for admission in reply.admissions:
+            self._on_admission(replica, admission)
+        if reply.chunks:
+            self._on_chunks(replica, reply.chunks)
+
+    def _sink_on(self, replica: str, request_id: str) -> _Sink | None:
+        """The request's sink if it is (still) placed on ``replica``: not an aborted request's
+        late message, nor a message from a replica it has left."""
+        sink = self.sinks.get(request_id)
+        if sink is None or sink.placement is None or sink.placement.replica != replica:
+            return None
+        return sink
+
+    def _on_admission(self, replica: str, admission) -> None:
+        sink = self._sink_on(replica, admission.request_id)
+        if sink is None:
+            return
+        if not admission.HasField("error"):
+            _settle(sink.admitted)
+            return
+        rid, error = admission.request_id, admission.error
+        self.core.unplace(rid)
+        if error.code == common_pb2.ERROR_CODE_UNAVAILABLE:
+            self.num_submit_failures += 1
+            log.warning("replica %s did not take request %s: %s; trying another", replica, rid,
+                        error.message)
+            asyncio.ensure_future(self._replace(sink, replica, sink.until))
+            return
+        del self.sinks[rid]
+        self._fail(sink, Refused(error.message, error.field))
+
+    @staticmethod
+    def _fail(sink: _Sink, exc: Exception, message: str = "") -> None:
+        """The request ends unsent: its waiting ``Submit`` raises ``exc``; a ``Generate``
+        stream ends with a refusal's status; otherwise the request's stream ends with an
+        error chunk (``message``)."""
+        if sink.admitted is not None and not sink.admitted.done():
+            sink.admitted.set_exception(exc)
+        elif isinstance(exc, Refused) and sink.admitted is None:
+            sink.queue.put_nowait(exc)
+        else:
+            sink.queue.put_nowait([convert.error_chunk(sink.request.request_id,
+                                                       message or str(exc))])
+
     def _on_chunks(self, replica: str, chunks) -> None:
         by_queue: dict[int, tuple[asyncio.Queue, list]] = {}
         for chunk in chunks:
-            sink = self.sinks.get(chunk.request_id)
-            if sink is None or sink.placement is None or sink.placement.replica != replica:
-                continue        # an aborted request's last chunk, or a stale replica's
+            sink = self._sink_on(replica, chunk.request_id)
+            if sink is None:
+                continue
+            _settle(sink.admitted)      # its chunk may come before its admission
             self.core.on_tokens(chunk.request_id, len(chunk.token_ids))
             if chunk.finished:
                 self.sinks.pop(chunk.request_id, None)
@@ -204,16 +249,28 @@ class Router:
             if sink is not None:
                 asyncio.ensure_future(self._replace(sink, replica))
 
-    async def _replace(self, sink: _Sink, lost: str) -> None:
+    async def _replace(self, sink: _Sink, lost: str, until: float | None = None) -> None:
+        """Place again a request ``lost`` held unstarted (a new hold), or one it could not take
+        (``until``: within the first hold, and the same replica not again at once)."""
         rid = sink.request.request_id
         try:
-            await self._send(sink, frozenset({lost}), self._hold_until(sink.deadline))
-        except (NoReplica, Refused) as exc:
+            if until is not None:
+                if not self.core.up_replicas(frozenset({lost})):
+                    await asyncio.sleep(_POLL_S)
+                if time.monotonic() >= until:
+                    self.num_expired += 1
+                    raise NoReplica(f"replica {lost} could not take the request")
+            await self._send(sink, frozenset({lost}), until or self._hold_until(sink.deadline))
+        except NoReplica as exc:
             if self.sinks.pop(rid, None) is not None:
                 self.core.on_finished(rid)
-                sink.queue.put_nowait([convert.error_chunk(rid, (
-                    f"scheduler replica {lost} failed before the request started and no other "
-                    f"took it: {exc}"))])
+                self._fail(sink, exc, f"scheduler replica {lost} failed before the request "
+                                      f"started and no other took it: {exc}")
+
+
+def _settle(admitted: asyncio.Future | None) -> None:
+    if admitted is not None and not admitted.done():
+        admitted.set_result(None)
 
 
 def _aborted(request_id: str) -> common_pb2.TokenChunk:

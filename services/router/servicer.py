@@ -1,6 +1,7 @@
 """The router's gRPC shell: the scheduler's own contract (``SchedulerService``), so the gateway
 and the SDK talk to a router as to one scheduler. ``Generate`` and ``Subscribe``/``Submit``
 place each request (``Router.start``) and relay the replica's chunks as they arrive;
+``Link`` does the same for a router in front of this one;
 ``Abort`` goes to the replica that runs the request; ``GetStats`` and ``StreamLoad`` answer
 for the replicas that are up, summed."""
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 
 import grpc
 
-from lenserve_contract.proto import scheduler_pb2, scheduler_pb2_grpc
+from lenserve_contract.proto import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services import rpc
 from services.router.core import NoReplica
 from services.router.runtime import Refused, Router
@@ -36,12 +37,16 @@ class RouterServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         finished = False
         try:
             while not finished:
-                for chunk in await queue.get():
+                chunks = await queue.get()
+                if isinstance(chunks, Exception):   # refused by the replica
+                    finished = True
+                    await _abort(context, chunks)
+                for chunk in chunks:
                     finished = finished or chunk.finished
                     yield chunk
         finally:
             if not finished:        # the client went away: the replica stops the request
-                await self.router.abort(request.request_id)
+                self.router.abort(request.request_id, notify=False)
 
     async def Subscribe(self, request, context):
         sid = request.subscriber_id
@@ -62,7 +67,7 @@ class RouterServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         finally:
             del self._subscriptions[sid]
             for request_id in list(running):
-                await self.router.abort(request_id)
+                self.router.abort(request_id, notify=False)
 
     async def Submit(self, request, context):
         queue = self._subscriptions.get(request.subscriber_id)
@@ -76,18 +81,69 @@ class RouterServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         place_by = None if remaining is None else time.monotonic() + remaining
         queue.running.add(rid)
         try:
-            await self._start(request.request, queue, None, context, place_by)
+            await self._start(request.request, queue, None, context, place_by, admitted=True)
         except BaseException:
             queue.running.discard(rid)
             raise
         return scheduler_pb2.SubmitResponse()
 
-    async def _start(self, request, queue, deadline, context, place_by=None) -> None:
+    async def Link(self, request_iterator, context):
+        """A replica's link, served by placing each request (a router in front of routers)."""
+        queue: asyncio.Queue = asyncio.Queue()      # chunk lists, Admissions, or Malformed
+        running: set[str] = set()
+        reader = asyncio.ensure_future(self._take(request_iterator, queue, running))
         try:
-            await self.router.start(request, queue, deadline, place_by)
+            while True:
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                reply = scheduler_pb2.LinkReply()
+                for item in items:
+                    if isinstance(item, rpc.Malformed):
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                            f"malformed request: {item.error}")
+                    elif isinstance(item, scheduler_pb2.Admission):
+                        reply.admissions.append(item)
+                    else:
+                        running.difference_update(c.request_id for c in item if c.finished)
+                        reply.chunks.extend(item)
+                yield reply
+        finally:
+            reader.cancel()
+            for request_id in list(running):
+                self.router.abort(request_id, notify=False)
+
+    async def _take(self, request_iterator, queue: asyncio.Queue, running: set[str]) -> None:
+        async for msg in request_iterator:
+            if isinstance(msg, rpc.Malformed):
+                queue.put_nowait(msg)
+                return
+            if msg.HasField("abort"):
+                self.router.abort(msg.abort)
+            else:
+                running.add(msg.submit.request_id)
+                asyncio.ensure_future(self._admit(msg.submit, queue, running))
+
+    async def _admit(self, request, queue: asyncio.Queue, running: set[str]) -> None:
+        error = None
+        try:
+            await self.router.start(request, queue, None, None, admitted=True)
+        except (Refused, ValueError) as exc:
+            error = common_pb2.ErrorDetail(code=common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                                           message=str(exc), field=getattr(exc, "field", ""))
+        except NoReplica as exc:
+            error = common_pb2.ErrorDetail(code=common_pb2.ERROR_CODE_UNAVAILABLE,
+                                           message=str(exc))
+        if error is not None:
+            running.discard(request.request_id)
+        queue.put_nowait(scheduler_pb2.Admission(request_id=request.request_id, error=error))
+
+    async def _start(self, request, queue, deadline, context, place_by=None,
+                     admitted=False) -> None:
+        try:
+            await self.router.start(request, queue, deadline, place_by, admitted)
         except Refused as exc:
-            await context.abort(exc.err.code(), exc.err.details() or "",
-                                trailing_metadata=tuple(exc.err.trailing_metadata() or ()))
+            await _abort(context, exc)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc),
                                 trailing_metadata=((rpc.FIELD_METADATA_KEY, "request_id"),))
@@ -95,7 +151,7 @@ class RouterServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
     async def Abort(self, request, context):
-        return scheduler_pb2.AbortResponse(found=await self.router.abort(request.request_id))
+        return scheduler_pb2.AbortResponse(found=self.router.abort(request.request_id))
 
     async def GetStats(self, request, context):
         return convert.stats_to_pb(summed_stats(self.router.core.policy.name,
@@ -115,6 +171,14 @@ class RouterServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     def _loads(self) -> list[ReplicaLoad]:
         return [r.load for r in self.router.core.up_replicas() if r.load is not None]
+
+
+async def _abort(context, exc: Exception) -> None:
+    """End the call with a refusal's status (or a request the router could not place)."""
+    if isinstance(exc, Refused):
+        await context.abort(exc.code, exc.message, trailing_metadata=(
+            ((rpc.FIELD_METADATA_KEY, exc.field),) if exc.field else ()))
+    await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
 
 def summed_stats(policy: str, loads: list[ReplicaLoad]) -> SchedulerStats:

@@ -1,6 +1,8 @@
 """gRPC shell of the scheduler: ``Generate`` streams an ``AsyncEngine``'s output deltas,
 ``Subscribe`` + ``Submit`` stream many requests' deltas as one message per iteration,
-``Abort`` and ``GetStats`` pass through, plus the standard health service.
+``Link`` does the same on one bidirectional stream (a router's: requests go up as messages,
+each answered with its admission), ``Abort`` and ``GetStats`` pass through, plus the standard
+health service.
 
 A client that cancels its stream (or whose deadline passes) aborts the request: the
 cancellation reaches ``AsyncEngine.generate``, whose clean-up aborts it in the core. A
@@ -13,7 +15,7 @@ import logging
 import grpc
 
 from lenserve_contract.errors import InvalidRequestError
-from lenserve_contract.proto import scheduler_pb2, scheduler_pb2_grpc
+from lenserve_contract.proto import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services import rpc
 from services.scheduler import convert
 from services.scheduler.async_engine import AsyncEngine, StepQueue
@@ -85,6 +87,58 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                                 f"subscription {request.subscriber_id!r} ended")
         return scheduler_pb2.SubmitResponse()
 
+    async def Link(self, request_iterator, context):
+        link = _Subscription()
+        reader = asyncio.ensure_future(self._take(request_iterator, link))
+        try:
+            while True:
+                step = await link.queue.get()
+                while not link.queue.empty():           # admissions ride with the chunks
+                    step += link.queue.get_nowait()
+                bad = next((x for x in step if isinstance(x, rpc.Malformed)), None)
+                if bad is not None:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        f"malformed request: {bad.error}")
+                yield link.reply(step)
+        finally:
+            reader.cancel()
+            for request_id in list(link.counts):       # the router went away
+                await self.engine.abort(request_id)
+
+    async def _take(self, request_iterator, link: _Subscription) -> None:
+        """Each message starts its own task, in order: the engine takes commands in the order
+        they are sent, so a request's abort never overtakes it, and one request's admission
+        does not wait for another's."""
+        async for msg in request_iterator:
+            if isinstance(msg, rpc.Malformed):
+                link.queue.put_nowait([msg])
+                return
+            if msg.HasField("abort"):
+                asyncio.ensure_future(self.engine.abort(msg.abort))
+            else:
+                asyncio.ensure_future(self._admit(link, msg.submit))
+
+    async def _admit(self, link: _Subscription, request) -> None:
+        rid = request.request_id
+        error = None
+        if not rid or rid in link.counts:
+            error = common_pb2.ErrorDetail(
+                code=common_pb2.ERROR_CODE_INVALID_ARGUMENT, field="request_id",
+                message=f"request_id {rid!r} is empty or already running")
+        else:
+            link.counts[rid] = None
+            try:
+                await self.engine.submit(link.queue, **convert.request_from_pb(request))
+            except InvalidRequestError as exc:
+                error = common_pb2.ErrorDetail(code=common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                                               message=str(exc), field=exc.field or "")
+            except RuntimeError as exc:   # the engine stopped
+                error = common_pb2.ErrorDetail(code=common_pb2.ERROR_CODE_UNAVAILABLE,
+                                               message=str(exc))
+            if error is not None:
+                link.counts.pop(rid, None)
+        link.queue.put_nowait([(rid, scheduler_pb2.Admission(request_id=rid, error=error))])
+
     async def Abort(self, request, context):
         return scheduler_pb2.AbortResponse(found=await self.engine.abort(request.request_id))
 
@@ -130,6 +184,13 @@ class _Subscription:
                 self.counts.pop(request_id, None)
             chunks += new
         return chunks
+
+    def reply(self, step: list) -> scheduler_pb2.LinkReply:
+        """A ``Link`` message: the admissions among ``step``, and the chunks of the rest."""
+        admissions = [item for _, item in step if isinstance(item, scheduler_pb2.Admission)]
+        outputs = [x for x in step if not isinstance(x[1], scheduler_pb2.Admission)] \
+            if admissions else step
+        return scheduler_pb2.LinkReply(chunks=self.chunks(outputs), admissions=admissions)
 
 
 def build_server(engine: AsyncEngine, address: str) -> tuple[grpc.aio.Server, int]:
