@@ -43,9 +43,18 @@ def simulate_args(dataset: str, d: dict, backends: tuple[str, ...], predictor: s
             *(("--policy-config", *policy_config) if policy_config else ())]
 
 
+# Set by ``alise_paper.py --reuse``: a run whose result JSON is already in the raw folder is
+# read back, not run again (the baselines do not depend on the predictor).
+REUSE: set[str] = set()
+# Set by ``alise_paper.py --only-finished``: an ``alise`` run with no result JSON in the raw
+# folder is left out (its cells read nan), not run.
+SKIP_MISSING = False
+
+
 def run(args: list[str], raw: Path, label: str, commands: list[str], panel: str,
         rename: dict[str, str] | None = None) -> list[dict]:
-    runs.lenserve(args, raw / f"{label}.log")
+    if not (REUSE & {"all", *label.split("_")}) or not (raw / f"{label}.json").is_file():
+        runs.lenserve(args, raw / f"{label}.log")
     commands.append(runs.shown(args))
     found = runs.load_runs(raw / f"{label}.json", rename)
     for r, one in zip(found, json.loads((raw / f"{label}.json").read_text())["runs"]):
@@ -64,6 +73,8 @@ def figure6(params: dict, raw: Path, commands: list[str], predictors: dict[str, 
             tag = f"{dataset}_{shape}"
             found += run(simulate_args(dataset, d, FIG6, "none", raw / f"{tag}_base.json",
                                        shape=shape), raw, f"{tag}_base", commands, shape)
+            if SKIP_MISSING and not (raw / f"{tag}_alise.json").is_file():
+                continue
             found += run(simulate_args(dataset, d, ("alise",), predictors[dataset],
                                        raw / f"{tag}_alise.json", shape=shape),
                          raw, f"{tag}_alise", commands, shape)
@@ -111,6 +122,8 @@ def sharegpt_predictor(params: dict, raw: Path, commands: list[str]) -> str:
              output.rel(split / "others_fit.jsonl.gz"), "--tokenizer",
              output.rel(split / "tokenizer"), "--num-train", str(params["train"]),
              "--finetune-epochs", "0", "--seed", "0"]
+    if SKIP_MISSING and not db.is_dir():
+        return "none"
     if not (split / "others_fit.jsonl.gz").exists():
         _python(hold, raw / "sharegpt_holdout.log")
     commands.append("python3 " + " ".join(hold[1:]).replace(str(REPO) + os.sep, ""))
