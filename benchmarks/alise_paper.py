@@ -251,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     out.raw.mkdir(parents=True, exist_ok=True)
     start, t0, commands = stamp.take(), time.perf_counter(), []
     panels = params["panels"]
-    predictors = {"alpaca": "embedded",
-                  "sharegpt": alise_runs.sharegpt_predictor(params, out.raw, commands)}
+    predictors = {"alpaca": lambda shape: "embedded",
+                  "sharegpt": lambda shape: alise_runs.sharegpt_predictor(
+                      params, out.raw, commands, shape)}
     fig6 = alise_runs.figure6(params, out.raw, commands, predictors)
     noisy = alise_runs.accuracy(params, out.raw, commands)
     fig8 = alise_runs.figure8(params, out.raw, commands)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import output, runs
@@ -64,9 +65,10 @@ def run(args: list[str], raw: Path, label: str, commands: list[str], panel: str,
     return found
 
 
-def figure6(params: dict, raw: Path, commands: list[str], predictors: dict[str, str]
-            ) -> list[dict]:
-    """Every panel: the baselines with no predictor, ``alise`` with ``predictors[dataset]``."""
+def figure6(params: dict, raw: Path, commands: list[str],
+            predictors: dict[str, Callable[[str], str]]) -> list[dict]:
+    """Every panel: the baselines with no predictor, ``alise`` with
+    ``predictors[dataset](shape)``."""
     found = []
     for shape, panel in params["panels"].items():
         for dataset, d in panel.items():
@@ -75,7 +77,7 @@ def figure6(params: dict, raw: Path, commands: list[str], predictors: dict[str, 
                                        shape=shape), raw, f"{tag}_base", commands, shape)
             if SKIP_MISSING and not (raw / f"{tag}_alise.json").is_file():
                 continue
-            found += run(simulate_args(dataset, d, ("alise",), predictors[dataset],
+            found += run(simulate_args(dataset, d, ("alise",), predictors[dataset](shape),
                                        raw / f"{tag}_alise.json", shape=shape),
                          raw, f"{tag}_alise", commands, shape)
     return found
@@ -107,17 +109,20 @@ def accuracy(params: dict, raw: Path, commands: list[str]) -> list[dict]:
     return found
 
 
-def sharegpt_predictor(params: dict, raw: Path, commands: list[str]) -> str:
+def sharegpt_predictor(params: dict, raw: Path, commands: list[str], shape: str = MAIN
+                       ) -> str:
     """The embedded predictor for ShareGPT, trained only on records disjoint from the
     evaluated requests: the bundled seed (the first 2,000 ShareGPT openings) holds 97 of the
     600 requests this benchmark samples, whose lengths it would simply look up. Built once
-    per raw folder (``--raw``), reused after."""
-    split, db = raw / "sharegpt_holdout", raw / "sharegpt_predictor_db"
+    per raw folder (``--raw``) and model shape (a DB holds one served model's lengths),
+    reused after."""
+    split = raw / "sharegpt_holdout"
+    db = raw / ("sharegpt_predictor_db" if shape == MAIN else f"sharegpt_predictor_db_{shape}")
     d = params["panels"][MAIN]["sharegpt"]
     hold = [sys.executable, "-m", "evaluation.predictor.holdout_seed", "--dataset-path",
             str(PATHS["sharegpt"]), "--num-prompts", str(d["prompts"]), "--seed", "0",
             "--max-model-len", "2048", "--model", "opt-125m", "--out", output.rel(split)]
-    build = ["predictor", "build", "--qdrant-path", output.rel(db), "--model", MAIN,
+    build = ["predictor", "build", "--qdrant-path", output.rel(db), "--model", shape,
              "--dataset-name", "sharegpt", "--dataset-path",
              output.rel(split / "others_fit.jsonl.gz"), "--tokenizer",
              output.rel(split / "tokenizer"), "--num-train", str(params["train"]),
