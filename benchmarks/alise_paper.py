@@ -12,7 +12,15 @@ log-normal error of the paper's accuracy and of the embedded predictor's. Then, 
 the real engine's upload waits per 1,000 iterations without and with ALISE's uploads ahead of
 need, and ``lenserve bench-swap``'s link bytes with and without INT8.
 
-    python3 benchmarks/alise_paper.py [--quick]
+    python3 benchmarks/alise_paper.py [--quick] [--panels opt-13b,...] [--reuse base,fig8,...]
+                                      [--keep-real] [--only-finished]
+
+A full run takes over an hour on an idle 2-core machine. ``--panels`` runs only the named
+model panels of Figure 6; ``--reuse`` reads back runs whose result JSON is already in the raw
+folder (``base``: the baselines, ``alise``, ``fig8``, ``noise``, or ``all``), as the baselines,
+Figure 8 and the noise runs do not depend on the embedded predictor; ``--keep-real`` carries
+the real-engine and ``bench-swap`` tables over from the published JSON instead of measuring them
+again (the page says so).
 """
 from __future__ import annotations
 
@@ -122,11 +130,14 @@ def accuracy_rows(fig6: list[dict], noisy: list[dict]) -> list[str]:
     main = [r for r in fig6 if r["panel"] == MAIN and r["dataset"] == "sharegpt"]
     for name in ["alise", *tables.policies(noisy), "oracle"]:
         part = [r for r in main + noisy if r["policy"] == name]
+        label = "embedded predictor (disjoint training)" if name == "alise" else name
+        if not part:
+            rows.append([label, "not run", "", *("" for _ in SLOS)])
+            continue
         errors = [r["predictions"] for r in part if r.get("predictions")]
         med = (f"{errors[0]['median_abs_rel_error']:.2f}" if errors else "0")
         rho = errors[0].get("rank_correlation") if errors else 1.0
-        cells = [("embedded predictor (disjoint training)" if name == "alise" else name),
-                 med, "" if rho is None else f"{rho:.2f}"]
+        cells = [label, med, "" if rho is None else f"{rho:.2f}"]
         for slo in SLOS:
             rate, note = tables.sustained_rate(tables.nl_points(part, name), slo)
             v, _ = sustained(fig6, MAIN, "sharegpt", "vllm-v0", slo)
@@ -183,7 +194,8 @@ def summary_text(ratios: dict, real: list[dict], params: dict) -> str:
             f"2.1x), {a[1]:.2f}x and {s[1]:.2f}x `oracle`'s. The real engine (opt-125m on this "
             f"CPU, a pool of {old['pool_mean_requests']:.1f} mean requests) waited for "
             f"{old['waits_per_1k']:.1f} uploads per 1,000 iterations admitting swapped "
-            f"requests, {new['waits_per_1k']:.1f} uploading them ahead of need.")
+            f"requests, {new['waits_per_1k']:.1f} uploading them ahead of need. Figure 6 "
+            f"panels of this run: {', '.join(params['panels'])}; nan: an `alise` run not made.")
 
 
 def plot(path: Path, found: list[dict], panels: dict) -> None:
@@ -217,20 +229,42 @@ def plot(path: Path, found: list[dict], panels: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = output.parser(__doc__).parse_args(argv)
+    ap = output.parser(__doc__)
+    ap.add_argument("--panels", default=None, help="model panels of Fig. 6, comma-separated "
+                                                   "(default: all)")
+    ap.add_argument("--reuse", default="", help="runs read back from the raw folder when "
+                                                "there: base, alise, fig8, noise, all")
+    ap.add_argument("--only-finished", action="store_true",
+                    help="leave out the alise runs with no result in the raw folder")
+    ap.add_argument("--keep-real", action="store_true",
+                    help="the real-engine and bench-swap tables from the published JSON")
+    args = ap.parse_args(argv)
     for path in PATHS.values():
         runs.dataset_file(path)
     out, params = output.outputs(args, NAME), QUICK if args.quick else FULL
+    if args.panels:
+        params = {**params, "panels": {k: v for k, v in params["panels"].items()
+                                       if k in args.panels.split(",")}}
+    alise_runs.REUSE.update(filter(None, args.reuse.split(",")))
+    alise_runs.SKIP_MISSING = args.only_finished
+    kept = json.loads(out.file(NAME, "json").read_text()) if args.keep_real else None
     out.raw.mkdir(parents=True, exist_ok=True)
     start, t0, commands = stamp.take(), time.perf_counter(), []
     panels = params["panels"]
-    predictors = {"alpaca": "embedded",
-                  "sharegpt": alise_runs.sharegpt_predictor(params, out.raw, commands)}
+    predictors = {"alpaca": lambda shape: "embedded",
+                  "sharegpt": lambda shape: alise_runs.sharegpt_predictor(
+                      params, out.raw, commands, shape)}
     fig6 = alise_runs.figure6(params, out.raw, commands, predictors)
     noisy = alise_runs.accuracy(params, out.raw, commands)
     fig8 = alise_runs.figure8(params, out.raw, commands)
-    real = upload_waits(params, out.raw, commands)
-    swap = swap_bytes(params, out.raw, commands)
+    if kept is None:
+        real = upload_waits(params, out.raw, commands)
+        swap = swap_bytes(params, out.raw, commands)
+    else:
+        real, swap = kept["real_upload_waits"], kept["bench_swap"]
+        commands += [c for c in kept["lenserve_commands"] if c.split()[1] != "simulate"]
+    carried = " (carried over from the previous published run, not re-measured)" \
+        if kept is not None else ""
     plot(out.file(NAME, "png"), fig6 + fig8, panels)
     ratio_lines, ratios = ratio_rows(fig6, panels)
     fig8_tables = [(f"Fig. 8, {MAIN}, {d}, true lengths: normalized latency (s/token)",
@@ -246,9 +280,9 @@ def main(argv: list[str] | None = None) -> int:
                 *((f"Fig. 6, {MAIN}, {d}: normalized latency (s/token)",
                    nl_table(fig6, MAIN, d)) for d in ("alpaca", "sharegpt")),
                 *fig8_tables,
-                ("Real engine: upload waits (opt-125m, this CPU, one run each)",
+                (f"Real engine: upload waits (opt-125m, this CPU, one run each){carried}",
                  real_table(real)),
-                ("`bench-swap`: host-link bytes (opt-125m shape, bf16, this CPU)",
+                (f"`bench-swap`: host-link bytes (opt-125m shape, bf16, this CPU){carried}",
                  swap_table(swap))],
         figure_alt="normalized latency vs request rate: Fig. 6 per model and dataset, Fig. 8")
     output.publish(out, NAME, section, argv=argv, commands=commands,

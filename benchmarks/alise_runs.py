@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import output, runs
@@ -43,9 +44,18 @@ def simulate_args(dataset: str, d: dict, backends: tuple[str, ...], predictor: s
             *(("--policy-config", *policy_config) if policy_config else ())]
 
 
+# Set by ``alise_paper.py --reuse``: a run whose result JSON is already in the raw folder is
+# read back, not run again (the baselines do not depend on the predictor).
+REUSE: set[str] = set()
+# Set by ``alise_paper.py --only-finished``: an ``alise`` run with no result JSON in the raw
+# folder is left out (its cells read nan), not run.
+SKIP_MISSING = False
+
+
 def run(args: list[str], raw: Path, label: str, commands: list[str], panel: str,
         rename: dict[str, str] | None = None) -> list[dict]:
-    runs.lenserve(args, raw / f"{label}.log")
+    if not (REUSE & {"all", *label.split("_")}) or not (raw / f"{label}.json").is_file():
+        runs.lenserve(args, raw / f"{label}.log")
     commands.append(runs.shown(args))
     found = runs.load_runs(raw / f"{label}.json", rename)
     for r, one in zip(found, json.loads((raw / f"{label}.json").read_text())["runs"]):
@@ -55,16 +65,19 @@ def run(args: list[str], raw: Path, label: str, commands: list[str], panel: str,
     return found
 
 
-def figure6(params: dict, raw: Path, commands: list[str], predictors: dict[str, str]
-            ) -> list[dict]:
-    """Every panel: the baselines with no predictor, ``alise`` with ``predictors[dataset]``."""
+def figure6(params: dict, raw: Path, commands: list[str],
+            predictors: dict[str, Callable[[str], str]]) -> list[dict]:
+    """Every panel: the baselines with no predictor, ``alise`` with
+    ``predictors[dataset](shape)``."""
     found = []
     for shape, panel in params["panels"].items():
         for dataset, d in panel.items():
             tag = f"{dataset}_{shape}"
             found += run(simulate_args(dataset, d, FIG6, "none", raw / f"{tag}_base.json",
                                        shape=shape), raw, f"{tag}_base", commands, shape)
-            found += run(simulate_args(dataset, d, ("alise",), predictors[dataset],
+            if SKIP_MISSING and not (raw / f"{tag}_alise.json").is_file():
+                continue
+            found += run(simulate_args(dataset, d, ("alise",), predictors[dataset](shape),
                                        raw / f"{tag}_alise.json", shape=shape),
                          raw, f"{tag}_alise", commands, shape)
     return found
@@ -96,21 +109,26 @@ def accuracy(params: dict, raw: Path, commands: list[str]) -> list[dict]:
     return found
 
 
-def sharegpt_predictor(params: dict, raw: Path, commands: list[str]) -> str:
+def sharegpt_predictor(params: dict, raw: Path, commands: list[str], shape: str = MAIN
+                       ) -> str:
     """The embedded predictor for ShareGPT, trained only on records disjoint from the
     evaluated requests: the bundled seed (the first 2,000 ShareGPT openings) holds 97 of the
     600 requests this benchmark samples, whose lengths it would simply look up. Built once
-    per raw folder (``--raw``), reused after."""
-    split, db = raw / "sharegpt_holdout", raw / "sharegpt_predictor_db"
+    per raw folder (``--raw``) and model shape (a DB holds one served model's lengths),
+    reused after."""
+    split = raw / "sharegpt_holdout"
+    db = raw / ("sharegpt_predictor_db" if shape == MAIN else f"sharegpt_predictor_db_{shape}")
     d = params["panels"][MAIN]["sharegpt"]
     hold = [sys.executable, "-m", "evaluation.predictor.holdout_seed", "--dataset-path",
             str(PATHS["sharegpt"]), "--num-prompts", str(d["prompts"]), "--seed", "0",
             "--max-model-len", "2048", "--model", "opt-125m", "--out", output.rel(split)]
-    build = ["predictor", "build", "--qdrant-path", output.rel(db), "--model", MAIN,
+    build = ["predictor", "build", "--qdrant-path", output.rel(db), "--model", shape,
              "--dataset-name", "sharegpt", "--dataset-path",
              output.rel(split / "others_fit.jsonl.gz"), "--tokenizer",
              output.rel(split / "tokenizer"), "--num-train", str(params["train"]),
              "--finetune-epochs", "0", "--seed", "0"]
+    if SKIP_MISSING and not db.is_dir():
+        return "none"
     if not (split / "others_fit.jsonl.gz").exists():
         _python(hold, raw / "sharegpt_holdout.log")
     commands.append("python3 " + " ".join(hold[1:]).replace(str(REPO) + os.sep, ""))

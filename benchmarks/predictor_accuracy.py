@@ -81,6 +81,12 @@ def summary_text(rows: list[dict], params: dict, proxy_epochs: int, run_stamp: d
     shared = (" The CPU was shared with other work during the run (see the stamp), which "
               "inflates the per-prompt times, not the accuracy." if stamp.cpu_was_shared(run_stamp)
               else "")
+    before = by.get("ALISE, MLP alone below s0")
+    if alise and before:
+        versus += (f" Below ALISE's similarity threshold the MLP's answer is averaged with the "
+                   f"mean log length of the 32 nearest records (`wide_k`, `wide_weight`): "
+                   f"Spearman {before['rho']:.3f} -> {alise['rho']:.3f}, Kendall "
+                   f"{before['tau']:.3f} -> {alise['tau']:.3f} against the MLP alone there.")
     tuned = by.get("proxy (MiniLM fine-tuned)")
     proxy = (f" The proxy baseline (S3's: MiniLM fine-tuned on the training prompts' lengths, "
              f"{proxy_epochs} epoch{'s' if proxy_epochs > 1 else ''}) reaches "

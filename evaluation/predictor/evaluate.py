@@ -161,7 +161,13 @@ def _alise_rows(data: EvalData, config: PredictorConfig, metric, suffix: str = "
     vectors = predictor.embedder.encode(data.test_prompts)
     s0 = predictor.config.similarity_threshold
     rows = []
-    for name, threshold in (("retrieval only", ALWAYS), ("MLP only", NEVER), ("ALISE", s0)):
+    wide = predictor.config.wide_weight
+    # The two halves alone; ALISE as it was (the MLP alone below s0), and as it is (the MLP
+    # averaged with the wide neighbourhood's mean below s0, config.wide_weight).
+    for name, threshold, weight in (("retrieval only", ALWAYS, 0.0), ("MLP only", NEVER, 0.0),
+                                    ("ALISE, MLP alone below s0", s0, 0.0),
+                                    ("ALISE", s0, wide)):
+        predictor.config = dataclasses.replace(predictor.config, wide_weight=weight)
         preds = _with_threshold(predictor, threshold).predict_vectors(EVAL_MODEL, vectors)
         lengths = [p.length for p in preds]
         uppers = [p.upper_quantile for p in preds]

@@ -34,7 +34,7 @@ from services.predictor.bias import BiasBook
 from services.predictor.config import PredictorConfig
 from services.predictor.embedder import Embedder
 from services.predictor.intake import RecentIds, check_prompt, screen
-from services.predictor.retrieval import retrieval_log, retrieval_weight, seed_retrieval_log
+from services.predictor.retrieval import combine, seed_retrieval_log
 from services.predictor.store import EMPTY, LengthStore, Neighbours
 from services.predictor.types import Completion, ObserveResult, Prediction, PredictionError, Source
 
@@ -142,7 +142,8 @@ class Predictor:
     def _search(self, model: str, vectors: np.ndarray):
         try:
             with self._lock:
-                return self.store.search(model, vectors, self.config.top_k), None
+                return self.store.search(model, vectors, max(self.config.top_k,
+                                                             self.config.wide_k)), None
         except Exception as exc:  # noqa: BLE001 - Qdrant down: fall back to the MLP or default
             log.warning("vector DB search failed: %s", exc)
             return [EMPTY] * len(vectors), PredictionError("UNAVAILABLE", f"vector DB: {exc}")
@@ -160,21 +161,7 @@ class Predictor:
 
     def _combine(self, nb: Neighbours, mlp_log: float | None, mlp_share: float,
                  seed_shift: float, seed_w: float) -> tuple:
-        """(log1p length, source, top similarity, seed share of retrieval, of the MLP)."""
-        top = min(1.0, float(nb.scores[0])) if len(nb.scores) else 0.0
-        s0, width = self.config.similarity_threshold, max(0.0, self.config.blend_width)
-        # With no MLP to blend with, ALISE's hard switch at s0.
-        w = 0.0 if not len(nb.scores) else retrieval_weight(top, s0, width) \
-            if mlp_log is not None else float(top >= s0)
-        if w > 0.0:
-            log_len, share = retrieval_log(nb, s0 - width, seed_shift, seed_w)
-            if w < 1.0:
-                log_len = w * log_len + (1.0 - w) * mlp_log
-            source = Source.RETRIEVAL if w >= 0.5 else Source.MLP
-            return log_len, source, top, w * share, (1.0 - w) * mlp_share
-        if mlp_log is not None:
-            return mlp_log, Source.MLP, top, 0.0, mlp_share
-        return float(np.log1p(self.config.default_length)), Source.DEFAULT, top, 0.0, 0.0
+        return combine(self.config, nb, mlp_log, mlp_share, seed_shift, seed_w)
 
     def _make(self, model: str, log_len: float, source: Source, top: float,
               offsets: tuple = (), error: PredictionError | None = None) -> Prediction:
@@ -410,18 +397,4 @@ class Predictor:
 
     def learning_state(self, model: str) -> dict:
         """What the predictor has learnt of a model so far (for logs and the eval)."""
-        served = self.mlps.get(model)
-        offsets = (self.seed_bias.shift(model, Source.RETRIEVAL.value),
-                   self.seed_bias.shift(model, Source.MLP.value))
-        return {
-            "observed": self.num_observed(model),
-            "seed_weight": learning.seed_weight(self.num_observed(model),
-                                                self.config.observed_parity),
-            "seed_shift": {s.value: self.seed_bias.shift(model, s.value)
-                           for s in (Source.RETRIEVAL, Source.MLP)},
-            "residual_shift": {s.value: self.residuals.shift(model, s.value, offsets)
-                               for s in Source},
-            "mlp_version": 0 if served is None else served.version,
-            "mlp_seed_share": None if served is None else served.seed_share,
-            "stats": dict(self.stats),
-        }
+        return learning.state(self, model)

@@ -162,3 +162,24 @@ def lowest_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError):
         pass
+
+
+def state(predictor, model: str) -> dict:
+    """What ``predictor`` (a core.Predictor) has learnt of a model so far."""
+    from services.predictor.types import Source
+
+    served = predictor.mlps.get(model)
+    offsets = (predictor.seed_bias.shift(model, Source.RETRIEVAL.value),
+               predictor.seed_bias.shift(model, Source.MLP.value))
+    observed = predictor.num_observed(model)
+    return {
+        "observed": observed,
+        "seed_weight": seed_weight(observed, predictor.config.observed_parity),
+        "seed_shift": {s.value: predictor.seed_bias.shift(model, s.value)
+                       for s in (Source.RETRIEVAL, Source.MLP)},
+        "residual_shift": {s.value: predictor.residuals.shift(model, s.value, offsets)
+                           for s in Source},
+        "mlp_version": 0 if served is None else served.version,
+        "mlp_seed_share": None if served is None else served.seed_share,
+        "stats": dict(predictor.stats),
+    }

@@ -1,3 +1,4 @@
+import dataclasses
 import itertools
 import json
 
@@ -159,10 +160,14 @@ def test_blended_prediction_lies_between_retrieval_and_mlp(predictor):
     nb = Neighbours(np.array([0.75], np.float32), np.array([400.0], np.float32),
                     np.array([True]))
     mlp_log = float(np.log1p(25.0))
-    # s0 0.8, width 0.1: half and half
+    low = Neighbours(np.array([0.6], np.float32), nb.lengths, nb.observed)
+    # Below s0 the MLP's answer is averaged with the wide neighbourhood's mean (weight 0.5).
+    log_len, source, _, _, _ = predictor._combine(low, mlp_log, 1.0, 0.0, 1.0)
+    assert log_len == pytest.approx((np.log1p(400) + mlp_log) / 2) and source is Source.MLP
+    # ALISE's blend alone (wide_weight 0): s0 0.8, width 0.1, half and half at 0.75.
+    predictor.config = dataclasses.replace(predictor.config, wide_weight=0.0)
     log_len, source, _, _, _ = predictor._combine(nb, mlp_log, 1.0, 0.0, 1.0)
     assert log_len == pytest.approx((np.log1p(400) + mlp_log) / 2)
-    low = Neighbours(np.array([0.6], np.float32), nb.lengths, nb.observed)
     log_len, source, _, _, _ = predictor._combine(low, mlp_log, 1.0, 0.0, 1.0)
     assert log_len == mlp_log and source is Source.MLP
     # With no MLP yet, the hard switch at s0 still applies.
