@@ -144,8 +144,8 @@ def _sim_text(sim: list[dict], ideal: float, q: dict) -> str:
 
 def _cpu_text(cpu: list[dict], p: dict, shared: str) -> str:
     if not cpu:
-        return ("The real-engine part was not run this time (`--parts sim`), so the page has "
-                "no measured timings. ")
+        return ("The real-engine part has no runs at its current settings (`--parts cpu` "
+                "makes them), so the page has no measured timings. ")
     dev, host = cpu_ratio(cpu, "device", "off"), cpu_ratio(cpu, "host", "off")
     return (f"Real engine ({p['model']}, random weights, this CPU): {p['num_prompts']} turns "
             f"of multi-turn ShareGPT (prompts up to {p['max_prompt_len']} tokens), "
