@@ -13,8 +13,12 @@ def _hit(s: dict) -> str:
 
 
 def _host_share(s: dict) -> str:
+    """Prompt tokens uploaded from the host tier, over the cached prompt tokens (an upload
+    the device evicts again before its request is admitted counts, unused: the share can
+    pass 100%)."""
     hits = s.get("prefix_cache_hits") or 0
-    return f"{(s.get('prefix_cache_host_hits') or 0) / hits:.0%}" if hits else "-"
+    uploaded = s.get("prefix_cache_host_hits") or 0
+    return f"{uploaded / hits:.0%}" if hits else ("-" if not uploaded else f"{uploaded} tok")
 
 
 def cpu_table(found: list[dict]) -> list[str]:
@@ -22,7 +26,7 @@ def cpu_table(found: list[dict]) -> list[str]:
              f"{r['summary']['ttft_ms']['p99']:.0f}", f"{r['summary']['output_throughput']:.1f}",
              _hit(r["summary"]), _host_share(r["summary"])] for r in found]
     return tables.markdown(["run", "caching", "mean TTFT (ms)", "P99 TTFT (ms)",
-                            "output tok/s", "hit rate", "of hits from host"], rows)
+                            "output tok/s", "hit rate", "uploaded from host / cached"], rows)
 
 
 def cpu_ratio(found: list[dict], mode: str, base: str) -> tuple[float, float]:
@@ -60,7 +64,7 @@ def sim_table(found: list[dict], ideal: float, slo_ms: float) -> list[str]:
                          _host_share(s), f"{s.get('num_preemptions', 0):.0f}",
                          f"{note}{rate:.2f}"])
     return tables.markdown(["policy", "caching", "mean TTFT at 1x (ms)", "P99 TTFT at 1x (ms)",
-                            "hit rate at 1x (of ideal)", "of hits from host",
+                            "hit rate at 1x (of ideal)", "uploaded from host / cached",
                             "preemptions at 1x", f"req/s with mean TTFT < {slo_ms:g} ms"], rows)
 
 
@@ -82,7 +86,8 @@ def chat_table(found: list[dict]) -> list[str]:
             for r in sorted(found, key=lambda r: (r["policy"] != "vllm", r["conversation_rate"],
                                                   MODES.index(r["mode"])))]
     return tables.markdown(["policy", "caching", "conversations/s", "served req/s",
-                            "mean TTFT (ms)", "P99 TTFT (ms)", "hit rate", "of hits from host",
+                            "mean TTFT (ms)", "P99 TTFT (ms)", "hit rate",
+                            "uploaded from host / cached",
                             "preemptions"], rows)
 
 
