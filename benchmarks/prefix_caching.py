@@ -30,24 +30,37 @@ if __package__ in (None, ""):       # run as a script: the repository root holds
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import figures, output, runs, stamp
-from benchmarks.prefix_caching_text import section
 
 NAME = "prefix_caching"
 MOONCAKE = runs.SHAREGPT.parent / "mooncake_conversation_trace.jsonl.gz"
-# Real engine, sized to finish in a few minutes on a shared 2-core machine: 6 turns of at
-# most 128 prompt tokens, outputs forced to 8 tokens (the cache acts on prefill), a 20-block
-# pool (320 tokens) that holds about two conversations, so the device cache evicts; a host
-# tier of 128 blocks (about 75 MB).
-CPU = {"model": "opt-125m", "num_prompts": 6, "rate": 2.0, "think": 0.5, "output_len": 8,
-       "max_prompt_len": 128, "max_model_len": 160, "num_gpu_blocks": 20, "swap_gib": 1.0,
-       "host_blocks": 128, "runs": 2}
-CPU_QUICK = {**CPU, "num_prompts": 4, "runs": 1}
+CONVERSATIONS = runs.SHAREGPT.parent / "sharegpt_v3_conversations_first17671.jsonl.gz"
+# Real engine, sized to finish in a few minutes on an idle 2-core machine: 16 turns of 8
+# conversations of the bundled ShareGPT sample (prompts up to 512 tokens, about 190 on
+# average, a quarter of their tokens an earlier turn's prompt), outputs forced to 16 tokens
+# (the cache acts on prefill), conversations starting at 2/s with 3 s of think time. A
+# 34-block device pool (544 tokens, just over the longest request), so a conversation's
+# blocks are evicted while it thinks: replayed by ``lenserve simulate`` on the bundled
+# opt-125m CPU profile, the device cache serves 4% of prompt tokens and the host tier brings
+# it to 15% (of 24% ideal). A host tier of 256 blocks (about 150 MB of bfloat16 KV, every
+# block the run computes).
+CPU = {"model": "opt-125m", "num_prompts": 16, "rate": 2.0, "think": 3.0, "output_len": 16,
+       "max_prompt_len": 512, "max_model_len": 528, "num_gpu_blocks": 34, "swap_gib": 0.25,
+       "host_blocks": 256, "runs": 2}
+CPU_QUICK = {**CPU, "num_prompts": 4, "max_prompt_len": 256, "max_model_len": 272,
+             "num_gpu_blocks": 24, "runs": 1}
 # Simulator: the first requests of the trace, each 512-token hash block scaled to 64 tokens so
 # that prompts fit Llama-2-7B's 4,096-token context (mean prompt about 1,500 tokens); a host
 # tier of all of 64 GiB of swap space (8,192 blocks of 8 MiB).
 SIM = {"num_prompts": 1000, "block_tokens": 64, "ttft_slo_ms": 1000.0, "swap_gib": 64.0,
        "host_blocks": 8192, "scales": [1.0, 0.93, 0.86, 0.8], "workers": 3}
 SIM_QUICK = {**SIM, "num_prompts": 40, "scales": [1.0]}
+# Simulator on multi-turn ShareGPT (the conversations file, or the bundled sample without
+# it): 1,000 turns, conversations starting at 4-6/s with 5 s of think time (about 700-token
+# prompts, 58% of their tokens cached when nothing is evicted), at and past the rate where
+# the KV pool starts to evict and preempt.
+CHAT = {"num_prompts": 1000, "think": 5.0, "max_prompt_len": 3072, "max_model_len": 4096,
+        "swap_gib": 64.0, "host_blocks": 8192, "rates": [4.0, 5.0, 6.0], "workers": 3}
+CHAT_QUICK = {**CHAT, "num_prompts": 20, "rates": [4.0]}
 MODES = ("off", "device", "host")
 POLICIES = ("vllm", "alise")
 
@@ -81,6 +94,18 @@ def sim_args(p: dict, policy: str, mode: str, scale: float, trace: Path,
             "--result-json", output.rel(result)]
 
 
+def chat_args(p: dict, policy: str, mode: str, rate: float, dataset: Path | None,
+              result: Path) -> list[str]:
+    predictor = ["--predictor", "oracle"] if policy == "alise" else []
+    data = ["--dataset-path", str(dataset)] if dataset else []
+    return ["simulate", "--hardware", "a100-80g", "--model-shape", "llama-2-7b",
+            "--backends", f"sim:{policy}", *predictor, "--dataset-name", "sharegpt-multiturn",
+            *data, "--num-prompts", str(p["num_prompts"]), "--request-rate", f"{rate:g}",
+            "--think-time", f"{p['think']:g}", "--max-model-len", str(p["max_model_len"]),
+            "--max-prompt-len", str(p["max_prompt_len"]), "--seed", "0", *mode_args(p, mode),
+            "--disable-tqdm", "--result-json", output.rel(result)]
+
+
 def run_cpu(p: dict, dataset: Path | None, raw: Path) -> tuple[list[dict], list[str]]:
     """The three modes back to back, the whole sequence ``runs`` times (interleaved)."""
     found, commands = [], []
@@ -95,25 +120,40 @@ def run_cpu(p: dict, dataset: Path | None, raw: Path) -> tuple[list[dict], list[
     return found, commands
 
 
-def run_sim(p: dict, trace: Path, raw: Path) -> tuple[list[dict], list[str]]:
-    """Every (policy, mode, speed), ``workers`` simulations at a time (virtual time: how
-    many run at once changes no figure)."""
+def run_sims(jobs: list[tuple[str, list[str], dict]], raw: Path,
+             workers: int) -> tuple[list[dict], list[str]]:
+    """Simulations ``(name, command, fields added to its runs)``, ``workers`` at a time
+    (virtual time: how many run at once changes no figure)."""
     from concurrent.futures import ThreadPoolExecutor
-    jobs = [(policy, mode, scale) for policy in POLICIES for mode in MODES
-            for scale in p["scales"]]
 
     def one(job):
-        policy, mode, scale = job
-        result = raw / f"sim_{policy}_{mode}_{scale:g}.json"
-        command = sim_args(p, policy, mode, scale, trace, result)
-        runs.lenserve(command, raw / f"sim_{policy}_{mode}_{scale:g}.log")
-        return runs.shown(command), [{**r, "mode": mode, "scale": scale,
-                                      "request_rate": r["summary"]["request_throughput"]}
-                                     for r in runs.load_runs(result)]
+        name, command, fields = job
+        runs.lenserve(command, raw / f"{name}.log")
+        return runs.shown(command), [
+            {**r, **fields, "request_rate": r["summary"]["request_throughput"]}
+            for r in runs.load_runs(raw / f"{name}.json")]
 
-    with ThreadPoolExecutor(p["workers"]) as pool:
+    with ThreadPoolExecutor(workers) as pool:
         done = list(pool.map(one, jobs))
     return [r for _, found in done for r in found], [command for command, _ in done]
+
+
+def run_sim(p: dict, trace: Path, raw: Path) -> tuple[list[dict], list[str]]:
+    """The Mooncake trace: every (policy, mode, speed)."""
+    jobs = [(name, sim_args(p, policy, mode, scale, trace, raw / f"{name}.json"),
+             {"mode": mode, "scale": scale})
+            for policy in POLICIES for mode in MODES for scale in p["scales"]
+            for name in [f"sim_{policy}_{mode}_{scale:g}"]]
+    return run_sims(jobs, raw, p["workers"])
+
+
+def run_chat(p: dict, dataset: Path | None, raw: Path) -> tuple[list[dict], list[str]]:
+    """Multi-turn ShareGPT: every (policy, mode, conversation rate)."""
+    jobs = [(name, chat_args(p, policy, mode, rate, dataset, raw / f"{name}.json"),
+             {"mode": mode, "conversation_rate": rate})
+            for policy in POLICIES for mode in MODES for rate in p["rates"]
+            for name in [f"chat_{policy}_{mode}_{rate:g}"]]
+    return run_sims(jobs, raw, p["workers"])
 
 
 def previous(out: output.Outputs) -> dict:
@@ -123,9 +163,10 @@ def previous(out: output.Outputs) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def kept(record: dict, key: str, command: str) -> tuple[list[dict], list[str]]:
+def kept(record: dict, key: str, command: str, dataset: str) -> tuple[list[dict], list[str]]:
     return (record.get(key, []),
-            [c for c in record.get("lenserve_commands", []) if c.startswith(command)])
+            [c for c in record.get("lenserve_commands", [])
+             if c.startswith(command) and f"--dataset-name {dataset} " in c])
 
 
 def ideal_hit_rate(p: dict, trace: Path) -> float:
@@ -143,66 +184,88 @@ def ideal_hit_rate(p: dict, trace: Path) -> float:
     return hits / total if total else 0.0
 
 
-def plot(path: Path, sim: list[dict]) -> None:
+def plot(path: Path, sim: list[dict], chat: list[dict]) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     styles = {"off": ":", "device": "--", "host": "-"}
-    for policy, marker in zip(POLICIES, "os"):
-        for mode in MODES:
-            pts = sorted((r["request_rate"], r["summary"]["ttft_ms"]["mean"]) for r in sim
-                         if r["policy"] == policy and r["mode"] == mode)
-            if pts:
-                ax.plot(*zip(*pts), marker=marker, linestyle=styles[mode],
-                        label=f"{policy}, caching {mode}")
-    ax.set_xlabel("served request rate (req/s)")
-    ax.set_ylabel("mean TTFT (ms)")
-    ax.set_yscale("log")
-    ax.set_title("Mooncake conversation trace, simulated A100/Llama-2-7B (estimates)",
-                 fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    titles = ("Mooncake conversation trace", "multi-turn ShareGPT")
+    for ax, found, title in zip(axes, (sim, chat), titles):
+        for policy, marker in zip(POLICIES, "os"):
+            for mode in MODES:
+                pts = sorted((r["request_rate"], r["summary"]["ttft_ms"]["mean"])
+                             for r in found if r["policy"] == policy and r["mode"] == mode)
+                if pts:
+                    ax.plot(*zip(*pts), marker=marker, linestyle=styles[mode],
+                            label=f"{policy}, caching {mode}")
+        ax.set_xlabel("served request rate (req/s)")
+        ax.set_ylabel("mean TTFT (ms)")
+        ax.set_yscale("log")
+        ax.set_title(f"{title}, simulated A100/Llama-2-7B (estimates)", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        if found:
+            ax.legend(fontsize=7)
     figures.save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = output.parser(__doc__, dataset="ShareGPT conversations file for the real-engine "
-                       "part (default: the sample bundled with lenserve)")
+    ap = output.parser(__doc__, dataset="ShareGPT conversations file for both multi-turn "
+                       "parts (default: the real engine reads the sample bundled with "
+                       f"lenserve, the simulator {CONVERSATIONS.name} beside the checkout if "
+                       "there, else that sample; --quick: the bundled sample)")
     ap.add_argument("--trace", type=Path, default=MOONCAKE,
                     help="Mooncake conversation trace (default: %(default)s)")
-    ap.add_argument("--parts", default="sim,cpu",
-                    help="which parts to run: sim (virtual time), cpu (the real engine), or "
-                         "both (default %(default)s); a part not run keeps its runs from the "
-                         "last published record, if any")
+    ap.add_argument("--parts", default="sim,chat,cpu",
+                    help="which parts to run, comma-separated: sim (the Mooncake trace, "
+                         "simulated), chat (multi-turn ShareGPT, simulated), cpu (the real "
+                         "engine) (default %(default)s); a part not run keeps its runs (and "
+                         "their settings) from the last published record, if any; none: "
+                         "only re-make the page from that record")
     ap.add_argument("--model", default="opt-125m",
                     help="model of the real-engine part (fake: the test double, no timing)")
     args = ap.parse_args(argv)
     trace = runs.dataset_file(args.trace)
     out = output.outputs(args, NAME)
-    p, q = (CPU_QUICK, SIM_QUICK) if args.quick else (CPU, SIM)
+    p, q, c = (CPU_QUICK, SIM_QUICK, CHAT_QUICK) if args.quick else (CPU, SIM, CHAT)
     p = {**p, "model": args.model}
     start, t0 = stamp.take(), time.perf_counter()
-    parts = {part for part in args.parts.split(",") if part}
-    if not parts or parts - {"sim", "cpu"}:
-        raise SystemExit(f"--parts takes sim, cpu or sim,cpu; got {args.parts!r}")
+    parts = {part for part in args.parts.split(",") if part} - {"none"}
+    if parts - {"sim", "chat", "cpu"} or not (parts or args.parts == "none"):
+        raise SystemExit(f"--parts takes some of sim, chat, cpu, or none; got {args.parts!r}")
+    conversations = args.dataset_path
+    if conversations is None and not args.quick and CONVERSATIONS.is_file():
+        conversations = CONVERSATIONS
     sim, sim_commands = run_sim(q, trace, out.raw) if "sim" in parts else ([], [])
-    cpu, cpu_commands = run_cpu(p, args.dataset_path, out.raw) if "cpu" in parts else ([], [])
+    chat, chat_commands = (run_chat(c, conversations, out.raw) if "chat" in parts
+                           else ([], []))
+    cpu, cpu_commands = (run_cpu(p, args.dataset_path, out.raw) if "cpu" in parts
+                         else ([], []))
     last = previous(out)            # read after the runs: the other part may have finished
+    params = last.get("params", {})
     if "sim" not in parts:
-        sim, sim_commands = kept(last, "sim_runs", "lenserve simulate")
-    if "cpu" not in parts:
-        cpu, cpu_commands = kept(last, "cpu_runs", "lenserve bench")
+        sim, sim_commands = kept(last, "sim_runs", "lenserve simulate", "mooncake")
+        q = params.get("sim", q)
+    if "chat" not in parts:
+        chat, chat_commands = kept(last, "chat_runs", "lenserve simulate",
+                                   "sharegpt-multiturn")
+        c = params.get("chat", c)
+    if "cpu" not in parts and params.get("cpu") == p:   # runs made at other settings go
+        cpu, cpu_commands = kept(last, "cpu_runs", "lenserve bench", "sharegpt-multiturn")
     ideal = (ideal_hit_rate(q, trace) if "sim" in parts
              else last.get("ideal_hit_rate", 0.0))
     run_stamp = stamp.finish(start, time.perf_counter() - t0)
-    plot(out.file(NAME, "png"), sim)
-    output.publish(out, NAME, section(cpu, sim, ideal, p, q, run_stamp), argv=argv,
-                   commands=cpu_commands + sim_commands, stamp=run_stamp,
-                   data={"params": {"cpu": p, "sim": q}, "ideal_hit_rate": ideal,
-                         "cpu_runs": cpu, "sim_runs": sim})
+    # Whether the CPU was shared is a property of the run that timed the real engine.
+    cpu_stamp = run_stamp if "cpu" in parts else last.get("cpu_stamp", last.get("stamp"))
+    from benchmarks.prefix_caching_text import section
+    plot(out.file(NAME, "png"), sim, chat)
+    output.publish(out, NAME, section(cpu, sim, chat, ideal, (p, q, c), cpu_stamp or run_stamp),
+                   argv=argv, commands=cpu_commands + sim_commands + chat_commands,
+                   stamp=run_stamp, data={"params": {"cpu": p, "sim": q, "chat": c},
+                                          "ideal_hit_rate": ideal, "cpu_stamp": cpu_stamp,
+                                          "cpu_runs": cpu, "sim_runs": sim, "chat_runs": chat})
     return 0
 
 

@@ -13,8 +13,12 @@ def _hit(s: dict) -> str:
 
 
 def _host_share(s: dict) -> str:
+    """Prompt tokens uploaded from the host tier, over the cached prompt tokens (an upload
+    the device evicts again before its request is admitted counts, unused: the share can
+    pass 100%)."""
     hits = s.get("prefix_cache_hits") or 0
-    return f"{(s.get('prefix_cache_host_hits') or 0) / hits:.0%}" if hits else "-"
+    uploaded = s.get("prefix_cache_host_hits") or 0
+    return f"{uploaded / hits:.0%}" if hits else ("-" if not uploaded else f"{uploaded} tok")
 
 
 def cpu_table(found: list[dict]) -> list[str]:
@@ -22,7 +26,7 @@ def cpu_table(found: list[dict]) -> list[str]:
              f"{r['summary']['ttft_ms']['p99']:.0f}", f"{r['summary']['output_throughput']:.1f}",
              _hit(r["summary"]), _host_share(r["summary"])] for r in found]
     return tables.markdown(["run", "caching", "mean TTFT (ms)", "P99 TTFT (ms)",
-                            "output tok/s", "hit rate", "of hits from host"], rows)
+                            "output tok/s", "hit rate", "uploaded from host / cached"], rows)
 
 
 def cpu_ratio(found: list[dict], mode: str, base: str) -> tuple[float, float]:
@@ -60,7 +64,7 @@ def sim_table(found: list[dict], ideal: float, slo_ms: float) -> list[str]:
                          _host_share(s), f"{s.get('num_preemptions', 0):.0f}",
                          f"{note}{rate:.2f}"])
     return tables.markdown(["policy", "caching", "mean TTFT at 1x (ms)", "P99 TTFT at 1x (ms)",
-                            "hit rate at 1x (of ideal)", "of hits from host",
+                            "hit rate at 1x (of ideal)", "uploaded from host / cached",
                             "preemptions at 1x", f"req/s with mean TTFT < {slo_ms:g} ms"], rows)
 
 
@@ -72,6 +76,41 @@ def sweep_table(found: list[dict]) -> list[str]:
                                                   -r["scale"]))]
     return tables.markdown(["policy", "caching", "trace speed", "served req/s",
                             "mean TTFT (ms)", "P99 TTFT (ms)", "hit rate"], rows)
+
+
+def chat_table(found: list[dict]) -> list[str]:
+    rows = [[r["policy"], LABEL[r["mode"]], f"{r['conversation_rate']:g}",
+             f"{r['request_rate']:.2f}", f"{r['summary']['ttft_ms']['mean']:.0f}",
+             f"{r['summary']['ttft_ms']['p99']:.0f}", _hit(r["summary"]),
+             _host_share(r["summary"]), f"{r['summary'].get('num_preemptions', 0):.0f}"]
+            for r in sorted(found, key=lambda r: (r["policy"] != "vllm", r["conversation_rate"],
+                                                  MODES.index(r["mode"])))]
+    return tables.markdown(["policy", "caching", "conversations/s", "served req/s",
+                            "mean TTFT (ms)", "P99 TTFT (ms)", "hit rate",
+                            "uploaded from host / cached",
+                            "preemptions"], rows)
+
+
+def _chat_text(chat: list[dict], c: dict) -> str:
+    if not chat:
+        return ""
+    parts = []
+    for rate in sorted({r["conversation_rate"] for r in chat}):
+        ratios = []
+        for mode in MODES:
+            v, a = (next((r for r in chat if r["policy"] == policy and r["mode"] == mode
+                          and r["conversation_rate"] == rate), None)
+                    for policy in ("vllm", "alise"))
+            if v and a and v["summary"]["ttft_ms"]["mean"]:
+                ratio = a["summary"]["ttft_ms"]["mean"] / v["summary"]["ttft_ms"]["mean"]
+                ratios.append(f"{LABEL[mode]} {ratio:.2f}x")
+        parts.append(f"at {rate:g}/s " + ", ".join(ratios))
+    rates = ", ".join(f"{r:g}" for r in c["rates"])
+    return (f"Simulator (estimates), multi-turn ShareGPT: {c['num_prompts']} turns of the "
+            f"conversations file, conversations starting at {rates}/s with {c['think']:g} s "
+            f"of think time, A100/Llama-2-7B, {c['swap_gib']:g} GiB "
+            f"of swap space in every mode and a host tier of {c['host_blocks']} blocks. "
+            f"`alise`'s mean TTFT relative to `vllm`'s: {'; '.join(parts)}. ")
 
 
 def _alise_text(sim: list[dict]) -> str:
@@ -110,30 +149,34 @@ def _sim_text(sim: list[dict], ideal: float, q: dict) -> str:
 
 def _cpu_text(cpu: list[dict], p: dict, shared: str) -> str:
     if not cpu:
-        return ("The real-engine part was not run this time (`--parts sim`), so the page has "
-                "no measured timings. ")
+        return ("The real-engine part has no runs at its current settings (`--parts cpu` "
+                "makes them), so the page has no measured timings. ")
     dev, host = cpu_ratio(cpu, "device", "off"), cpu_ratio(cpu, "host", "off")
     return (f"Real engine ({p['model']}, random weights, this CPU): {p['num_prompts']} turns "
-            f"of multi-turn ShareGPT, conversations at {p['rate']:g}/s, think time "
-            f"{p['think']:g} s, outputs forced to {p['output_len']} tokens, a "
-            f"{p['num_gpu_blocks']}-block device pool and a {p['host_blocks']}-block host "
-            f"tier; mean TTFT over caching off: device {dev[0]:.2f}-{dev[1]:.2f}, device + "
-            f"host {host[0]:.2f}-{host[1]:.2f} (min-max of {p['runs']} runs, the three modes "
-            f"back to back in each). {shared}")
+            f"of multi-turn ShareGPT (prompts up to {p['max_prompt_len']} tokens), "
+            f"conversations at {p['rate']:g}/s, think time {p['think']:g} s, outputs forced to "
+            f"{p['output_len']} tokens, a {p['num_gpu_blocks']}-block device pool (16-token "
+            f"blocks) and a {p['host_blocks']}-block host tier; mean TTFT over caching off: "
+            f"device {dev[0]:.2f}-{dev[1]:.2f}, device + host {host[0]:.2f}-{host[1]:.2f} "
+            f"(min-max of {p['runs']} runs, the three modes back to back in each). {shared}")
 
 
-def section(cpu, sim, ideal, p, q, run_stamp) -> output.Section:
+def section(cpu, sim, chat, ideal, params, run_stamp) -> output.Section:
+    p, q, c = params
     shared = ("The CPU was shared with other work during the run (see the stamp): its "
-              "timings are noisy. " if stamp.cpu_was_shared(run_stamp) else "")
+              "timings are loaded and noisy; compare within a run. "
+              if stamp.cpu_was_shared(run_stamp) else "")
     cpu_tables = ([("Real engine, multi-turn ShareGPT (opt-125m, this CPU)", cpu_table(cpu))]
                   if cpu else [])
     sim_tables = ([("Simulated A100/Llama-2-7B, Mooncake conversation trace (estimates)",
                     sim_table(sim, ideal, q["ttft_slo_ms"])),
                    ("Simulated rate sweep (estimates)", sweep_table(sim))] if sim else [])
+    chat_tables = ([("Simulated A100/Llama-2-7B, multi-turn ShareGPT (estimates)",
+                     chat_table(chat))] if chat else [])
     return output.Section(
-        title="Prefix caching with a host tier (simulated A100 on the Mooncake trace"
-              + ("; real engine on this CPU)" if cpu else ")"),
-        text=_cpu_text(cpu, p, shared) + _sim_text(sim, ideal, q),
-        tables=cpu_tables + sim_tables,
+        title="Prefix caching with a host tier (simulated A100 on the Mooncake trace and "
+              "multi-turn ShareGPT" + ("; real engine on this CPU)" if cpu else ")"),
+        text=_cpu_text(cpu, p, shared) + _sim_text(sim, ideal, q) + _chat_text(chat, c),
+        tables=cpu_tables + sim_tables + chat_tables,
         figure_alt="mean TTFT against served rate, caching off, device and device + host, "
-                   "vllm and alise")
+                   "vllm and alise, on the Mooncake trace and multi-turn ShareGPT")

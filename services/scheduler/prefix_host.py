@@ -167,11 +167,14 @@ def _upload(state, request, output) -> bool:
     found = bm.prefix.match_tiers(request.token_ids,
                                   (len(request.token_ids) - 1) // bm.block_size)
     keys = [key for key, block in found if block is None]
-    cached = bm.prefix.free_cached
+    cached, own = bm.prefix.free_cached, 0
     for _, block in found:       # its device part: evicted last while the rest uploads
         if block is not None and block in cached:
             cached.move_to_end(block)
-    if len(keys) > bm.num_free_blocks:
+            own += 1
+    # The uploads may not evict that device part: the chain they extend would lose its head
+    # (every uploaded block unreachable, the request served nothing).
+    if len(keys) > bm.num_free_blocks - own:
         return False
     for key in keys:
         entry = host.take(key)

@@ -107,9 +107,9 @@ def test_econoserve_paper_quick_reports_sustained_rates_and_paper_metrics(tmp_pa
 
 
 def test_prefix_caching_quick_runs_both_parts_and_publishes_one_section(tmp_path):
-    """--quick end to end with the fake model for the real-engine part (no timing) and the
+    """--quick end to end with the fake model for the real-engine part (no timing), the
     simulator on the first requests of the Mooncake trace (a tiny stand-in when the public
-    trace is not beside the checkout)."""
+    trace is not beside the checkout) and on multi-turn ShareGPT (the bundled sample)."""
     from benchmarks import prefix_caching
     trace = prefix_caching.MOONCAKE
     if not trace.is_file():
@@ -124,8 +124,9 @@ def test_prefix_caching_quick_runs_both_parts_and_publishes_one_section(tmp_path
     record = json.loads(out.file("prefix_caching", "json").read_text())
     modes = {"off", "device", "host"}
     assert {r["mode"] for r in record["cpu_runs"]} == modes
-    assert {(r["policy"], r["mode"]) for r in record["sim_runs"]} == {
-        (p, m) for p in ("vllm", "alise") for m in modes}
+    for part in ("sim_runs", "chat_runs"):
+        assert {(r["policy"], r["mode"]) for r in record[part]} == {
+            (p, m) for p in ("vllm", "alise") for m in modes}
     device = [r for r in record["sim_runs"] if r["mode"] == "device"]
     assert all(r["summary"]["prefix_cache_hits"] > 0 for r in device)
     assert 0 < record["ideal_hit_rate"] < 1

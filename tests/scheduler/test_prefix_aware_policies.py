@@ -77,3 +77,34 @@ def test_econoserve_counts_blocks_prompts_share_once():
     assert "c" in scheduled(out) and {"b", "c"} <= {r.request_id for r in policy.gts.ordered()}
     assert policy._waiting_kv(bm) == 17
     assert bm.num_blocks_of("b") + bm.num_blocks_of("c") == 32
+
+
+def _lpm(window: int):
+    opts = (f"prefix_window={window}",) if window else ()
+    s = make_scheduler("vllm", max_num_seqs=1, enable_prefix_caching=True, policy_config=opts)
+    add(s, request("warm", PREFIX + [1, 2, 3, 4]))
+    drain(s)
+    return s
+
+
+@pytest.mark.parametrize("window, first", [(0, "fresh"), (4, "cached")])
+def test_vllm_prefix_window_admits_the_longest_cached_prefix_first(window, first):
+    s = _lpm(window)
+    add(s, request("fresh", list(range(300, 324))), request("cached", PREFIX + [5, 6, 7, 8]))
+    out, _ = step(s)
+    assert list(scheduled(out)) == [first]
+    drain(s)
+
+
+@pytest.mark.parametrize("window", [2, 3])
+def test_vllm_prefix_window_lets_a_request_be_passed_at_most_window_times(window):
+    s = _lpm(window)
+    add(s, request("fresh", list(range(300, 324)), max_tokens=1),
+        *(request(f"c{i}", PREFIX + [5, 6, i, 8], max_tokens=1) for i in range(5)))
+    admitted = []
+    for _ in range(40):
+        out, _ = step(s)
+        admitted += [rid for rid in scheduled(out) if rid not in admitted]
+    assert not s.has_unfinished_requests()
+    # Cached turns behind it go first, until it has been passed ``window`` times.
+    assert admitted.index("fresh") == window
