@@ -1,11 +1,11 @@
 """Replicas behind the router: the three placement policies against each other.
 
-    python3 benchmarks/router.py [--quick] [--dataset-path FILE] [--skip-real]
+    python3 benchmarks/router.py [--quick] [--dataset-path FILE] [--skip-real] [--jobs N]
 
 Simulated (``benchmarks/router_simulated.py``): 8 and 16 A100-80GB replicas serving
 Llama-2-7B, ShareGPT, ``vllm`` and ``alise`` inside the replicas, each router policy over a
-rate sweep; the highest rate each sustains under a P99 TTFT target and a normalized-latency
-target; prefix affinity on multi-turn ShareGPT conversations (8 replicas, each router with
+rate sweep, two seeds; the highest rate each sustains under a P99 TTFT target and a
+normalized-latency target; prefix affinity on multi-turn ShareGPT conversations (8 replicas, each router with
 and without it: the prefix cache's hit rate, P99 TTFT, NL); and one run of 100,000 requests on
 16 replicas, with its wall time. Real (``benchmarks/router_real.py``): three opt-125m replicas
 on this machine, each router at a loaded rate (failures by cause) and the replica-kill drill;
@@ -79,17 +79,25 @@ def affinity_text(affinity: list[dict]) -> str:
 def summary_text(rows: list[dict], scale: dict | None, real: dict | None,
                  affinity: list[dict]) -> str:
     gains = []
+    seeds = sorted({r.get("seed", 0) for r in rows})
     for replicas in sorted({r["replicas"] for r in rows}):
         for inner in router_simulated.INNER:
             for key, what in (("p99_ttft<=1s", "P99 TTFT <= 1 s"), ("nl<=0.025", "NL <= 0.025")):
-                g = router_simulated.gain(rows, key, replicas, inner)
-                if not math.isnan(g):
-                    gains.append(f"{replicas} replicas, {inner}, {what}: {100 * (g - 1):+.1f}%")
+                g = [router_simulated.gain(rows, key, replicas, inner, s) for s in seeds]
+                bounded = [x for x in g if not math.isnan(x)]
+                if bounded:
+                    span = f"{min(bounded):.3f}" + (f"-{max(bounded):.3f}" if len(bounded) > 1
+                                                    else "")
+                    gains.append(f"{replicas} replicas, {inner}, {what}: {span}x" + (
+                        f" ({len(g) - len(bounded)} seed(s) not bounded)"
+                        if len(bounded) < len(g) else ""))
     text = ("**Simulated figures are estimates** of the roofline cost model (A100-80GB, "
-            "Llama-2-7B, a 1,536-block KV pool per replica, ShareGPT, Poisson arrivals, seed 0; "
-            "the router's predictions carry log-normal error sigma 0.7, median relative error "
+            "Llama-2-7B, a 1,536-block KV pool per replica, ShareGPT, Poisson arrivals; the "
+            "router's predictions carry log-normal error sigma 0.7, median relative error "
             "about 0.5, the embedded predictor's). `length-aware` over `least-loaded`, "
-            "sustained rate: " + ("; ".join(gains) or "not bounded within the tested rates")
+            f"sustained rate, min-max over {len(seeds)} seed(s) (each its own ShareGPT sample, "
+            "arrivals and prediction errors): "
+            + ("; ".join(gains) or "not bounded within the tested rates")
             + ".") + affinity_text(affinity)
     if scale:
         text += (f" Cluster mode ran {scale['requests']:,} requests on {scale['replicas']} "
@@ -118,32 +126,43 @@ def main(argv: list[str] | None = None) -> int:
                          "in --raw instead of running them again (virtual time: same figures), "
                          "and the real loaded comparison and kill drill an earlier run with the "
                          "same parameters left there (the hop is measured again)")
+    ap.add_argument("--jobs", type=int, default=2,
+                    help="simulations run at once, each its own process (default %(default)s)")
     args = ap.parse_args(argv)
     dataset = runs.dataset_file(args.dataset_path)
     out = output.outputs(args, NAME)
     start, t0 = stamp.take(), time.perf_counter()
     plan = router_simulated.QUICK if args.quick else router_simulated.FULL
-    found, commands = router_simulated.run_sweeps(plan, dataset, out.raw, args.reuse_raw)
+    seeds = router_simulated.QUICK_SEEDS if args.quick else router_simulated.SEEDS
+    calls = router_simulated.sweep_jobs(plan, dataset, out.raw, seeds, args.reuse_raw)
+    calls.append(lambda: router_simulated.run_affinity(
+        router_simulated.AFFINITY_QUICK if args.quick else router_simulated.AFFINITY,
+        out.raw, args.reuse_raw))
+    if not args.quick:
+        calls.append(lambda: router_simulated.run_scale(dataset, out.raw, args.reuse_raw))
+    done = router_simulated.in_parallel(args.jobs, calls)
+    sweeps = done[:len(done) - (1 if args.quick else 2)]
+    found = [run for runs_, _ in sweeps for run in runs_]
+    commands = [command for _, command in sweeps]
+    affinity, command = done[len(sweeps)]
     scale = None
     if not args.quick:
-        scale, command = router_simulated.run_scale(dataset, out.raw, args.reuse_raw)
-        commands.append(command)
+        scale, scale_command = done[-1]
+        commands.append(scale_command)
+    commands.append(command)
     real = None
     if not args.skip_real:
         p = REAL_QUICK if args.quick else REAL
         real = router_real.measure_or_reuse(dataset, out.raw / "real", p, args.reuse_raw)
         real["hop"] = [router_hop.measure(out.raw / "hop", p["hop_pairs"])
                        for _ in range(p["hop_runs"])]
-    affinity, command = router_simulated.run_affinity(
-        router_simulated.AFFINITY_QUICK if args.quick else router_simulated.AFFINITY,
-        out.raw, args.reuse_raw)
-    commands.append(command)
     rows = router_simulated.sustained_rows(found)
     router_simulated.plot(out.file(NAME, "png"), found)
-    tabs = [("Highest rate under each target, simulated (interpolated; `>=`: met at every "
-             "tested rate, `<`: at none)", router_simulated.sustained_table(rows))]
+    tabs = [("Highest rate under each target, simulated, per seed (interpolated between the "
+             "tested rates; `>=`: met at every tested rate, `<`: at none)",
+             router_simulated.sustained_table(rows))]
     for replicas in sorted(plan):
-        tabs.append((f"P99 TTFT (s), {replicas} simulated replicas",
+        tabs.append((f"P99 TTFT (s), {replicas} simulated replicas, seed 0",
                      router_simulated.ttft_table(found, replicas)))
     tabs.append(("Prefix affinity, 8 simulated replicas (`vllm` inside), multi-turn ShareGPT: "
                  "prefix-cache hit rate / P99 TTFT (s) / NL (s/token) per conversation-turn "
@@ -167,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                    stamp=stamp.finish(start, time.perf_counter() - t0),
                    data={"params": {"plan": {str(k): v for k, v in plan.items()},
                                     "predictor": router_simulated.PREDICTOR,
+                                    "seeds": list(seeds),
                                     "num_gpu_blocks": router_simulated.NUM_GPU_BLOCKS,
                                     "real": None if args.skip_real else
                                     (REAL_QUICK if args.quick else REAL),
