@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                          "in --raw instead of running them again (virtual time: same figures), "
                          "and the real loaded comparison and kill drill an earlier run with the "
                          "same parameters left there (the hop is measured again)")
-    ap.add_argument("--jobs", type=int, default=2,
+    ap.add_argument("--jobs", type=int, default=4,
                     help="simulations run at once, each its own process (default %(default)s)")
     args = ap.parse_args(argv)
     dataset = runs.dataset_file(args.dataset_path)
@@ -134,22 +134,21 @@ def main(argv: list[str] | None = None) -> int:
     start, t0 = stamp.take(), time.perf_counter()
     plan = router_simulated.QUICK if args.quick else router_simulated.FULL
     seeds = router_simulated.QUICK_SEEDS if args.quick else router_simulated.SEEDS
-    calls = router_simulated.sweep_jobs(plan, dataset, out.raw, seeds, args.reuse_raw)
-    calls.append(lambda: router_simulated.run_affinity(
+    sweeps = router_simulated.sweep_jobs(plan, dataset, out.raw, seeds, args.reuse_raw)
+    extra = [lambda: router_simulated.run_affinity(
         router_simulated.AFFINITY_QUICK if args.quick else router_simulated.AFFINITY,
-        out.raw, args.reuse_raw))
-    if not args.quick:
-        calls.append(lambda: router_simulated.run_scale(dataset, out.raw, args.reuse_raw))
-    done = router_simulated.in_parallel(args.jobs, calls)
-    sweeps = done[:len(done) - (1 if args.quick else 2)]
-    found = [run for runs_, _ in sweeps for run in runs_]
-    commands = [command for _, command in sweeps]
-    affinity, command = done[len(sweeps)]
-    scale = None
-    if not args.quick:
-        scale, scale_command = done[-1]
+        out.raw, args.reuse_raw)]
+    if not args.quick:      # the longest run first
+        extra.insert(0, lambda: router_simulated.run_scale(dataset, out.raw, args.reuse_raw))
+    done = router_simulated.in_parallel(args.jobs, extra[:-1] + sweeps + extra[-1:])
+    scale, swept, (affinity, affinity_command) = \
+        (done[0] if not args.quick else None), done[len(extra) - 1:-1], done[-1]
+    found = [run for runs_, _ in swept for run in runs_]
+    commands = [command for _, command in swept]
+    if scale is not None:
+        scale, scale_command = scale
         commands.append(scale_command)
-    commands.append(command)
+    commands.append(affinity_command)
     real = None
     if not args.skip_real:
         p = REAL_QUICK if args.quick else REAL

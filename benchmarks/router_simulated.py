@@ -25,8 +25,8 @@ TTFT_TARGETS_S = (1.0,)             # P99 TTFT
 NL_TARGETS = (0.025,)               # normalized latency, s/token: 1.6x the unloaded value
 # Per replica count: requests per rate and the rates (req/s), light load to overload, finer
 # near the knees of both targets (P99 TTFT first, NL later).
-FULL = {8: (3000, [68, 72, 74, 76, 78, 80, 84, 90, 100]),
-        16: (5000, [136, 144, 148, 152, 156, 160, 168, 180, 200])}
+FULL = {8: (3000, [70, 74, 76, 78, 80, 84, 92]),
+        16: (5000, [144, 148, 152, 156, 160, 168, 184])}
 QUICK = {8: (16, [40, 80])}
 SCALE = (16, 100_000, 140)          # replicas, requests, req/s: the size the mode is for
 # Prefix affinity: ShareGPT conversations, every human turn a request carrying the conversation
@@ -70,16 +70,17 @@ def in_parallel(jobs: int, calls: list) -> list:
 
 
 def sweep_jobs(plan: dict, dataset: Path, raw: Path, seeds=SEEDS, reuse: bool = False) -> list:
-    """One call per replica count and seed: it runs (or reuses) the sweep and returns its runs
-    and its command line."""
-    def job(replicas, num_prompts, rates, seed):
-        result = raw / f"sim_{replicas}_s{seed}.json"
+    """One call per replica count, seed and inner policy, the larger clusters first: it runs
+    (or reuses) the sweep and returns its runs and its command line."""
+    def job(replicas, num_prompts, rates, seed, inner):
+        stem = f"sim_{replicas}_s{seed}_{inner}"
+        result = raw / f"{stem}.json"
         routers = ROUTERS if seed == seeds[0] else COMPARED
         args = simulate_args(replicas, num_prompts, rates, dataset, result, routers=routers,
-                             seed=seed)
+                             inner=(inner,), seed=seed)
 
         def call():
-            _run(args, result, raw / f"sim_{replicas}_s{seed}.log", reuse)
+            _run(args, result, raw / f"{stem}.log", reuse)
             found = []
             for run in runs.load_runs(result):
                 inner, router = run["policy"].split("/")
@@ -87,8 +88,9 @@ def sweep_jobs(plan: dict, dataset: Path, raw: Path, seeds=SEEDS, reuse: bool = 
                               "router": router})
             return found, runs.shown(args)
         return call
-    return [job(replicas, n, rates, seed) for replicas, (n, rates) in plan.items()
-            for seed in seeds]
+    return [job(replicas, n, rates, seed, inner)
+            for replicas, (n, rates) in sorted(plan.items(), reverse=True)
+            for seed in seeds for inner in INNER]
 
 
 def run_scale(dataset: Path, raw: Path, reuse: bool = False) -> tuple[dict, str]:
