@@ -1,6 +1,7 @@
 """Replicas behind the router: the three placement policies against each other.
 
     python3 benchmarks/router.py [--quick] [--dataset-path FILE] [--skip-real] [--jobs N]
+                                 [--compared-only]
 
 Simulated (``benchmarks/router_simulated.py``): 8 and 16 A100-80GB replicas serving
 Llama-2-7B, ShareGPT, ``vllm`` and ``alise`` inside the replicas, each router policy over a
@@ -68,6 +69,9 @@ def hop_rows(hops: list[dict]) -> list[list[str]]:
 
 def affinity_text(affinity: list[dict]) -> str:
     """Hit rate and P99 TTFT with and without affinity, at the highest rate tested."""
+    if not affinity:
+        return (" Round-robin, prefix affinity and the 100,000-request run were not run this "
+                "time (`--compared-only`).")
     top = max(r["rate"] for r in affinity)
     at = {r["router"]: r for r in affinity if r["rate"] == top}
     parts = [f"`{name}` {at[name]['hit_rate']:.0%} hits, P99 TTFT {at[name]['p99_ttft_s']:.2f} s"
@@ -126,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
                          "in --raw instead of running them again (virtual time: same figures), "
                          "and the real loaded comparison and kill drill an earlier run with the "
                          "same parameters left there (the hop is measured again)")
+    ap.add_argument("--compared-only", action="store_true",
+                    help="the simulated sweeps of least-loaded and length-aware only: no "
+                         "round-robin, prefix-affinity sweep or 100,000-request run (for a "
+                         "machine too busy to run them)")
     ap.add_argument("--jobs", type=int, default=4,
                     help="simulations run at once, each its own process (default %(default)s)")
     args = ap.parse_args(argv)
@@ -134,21 +142,24 @@ def main(argv: list[str] | None = None) -> int:
     start, t0 = stamp.take(), time.perf_counter()
     plan = router_simulated.QUICK if args.quick else router_simulated.FULL
     seeds = router_simulated.QUICK_SEEDS if args.quick else router_simulated.SEEDS
-    sweeps = router_simulated.sweep_jobs(plan, dataset, out.raw, seeds, args.reuse_raw)
+    sweeps = router_simulated.sweep_jobs(
+        plan, dataset, out.raw, seeds, args.reuse_raw,
+        router_simulated.COMPARED if args.compared_only else router_simulated.ROUTERS)
     extra = [lambda: router_simulated.run_affinity(
         router_simulated.AFFINITY_QUICK if args.quick else router_simulated.AFFINITY,
-        out.raw, args.reuse_raw)]
-    if not args.quick:      # the longest run first
+        out.raw, args.reuse_raw) if not args.compared_only else ([], None)]
+    if not args.quick and not args.compared_only:      # the longest run first
         extra.insert(0, lambda: router_simulated.run_scale(dataset, out.raw, args.reuse_raw))
     done = router_simulated.in_parallel(args.jobs, extra[:-1] + sweeps + extra[-1:])
     scale, swept, (affinity, affinity_command) = \
-        (done[0] if not args.quick else None), done[len(extra) - 1:-1], done[-1]
+        (done[0] if len(extra) > 1 else None), done[len(extra) - 1:-1], done[-1]
     found = [run for runs_, _ in swept for run in runs_]
     commands = [command for _, command in swept]
     if scale is not None:
         scale, scale_command = scale
         commands.append(scale_command)
-    commands.append(affinity_command)
+    if affinity_command:
+        commands.append(affinity_command)
     real = None
     if not args.skip_real:
         p = REAL_QUICK if args.quick else REAL
@@ -163,10 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     for replicas in sorted(plan):
         tabs.append((f"P99 TTFT (s), {replicas} simulated replicas, seed 0",
                      router_simulated.ttft_table(found, replicas)))
-    tabs.append(("Prefix affinity, 8 simulated replicas (`vllm` inside), multi-turn ShareGPT: "
-                 "prefix-cache hit rate / P99 TTFT (s) / NL (s/token) per conversation-turn "
-                 "rate, and the highest rate under the P99 TTFT target",
-                 router_simulated.affinity_table(affinity)))
+    if affinity:
+        tabs.append(("Prefix affinity, 8 simulated replicas (`vllm` inside), multi-turn "
+                     "ShareGPT: prefix-cache hit rate / P99 TTFT (s) / NL (s/token) per "
+                     "conversation-turn rate, and the highest rate under the P99 TTFT target",
+                     router_simulated.affinity_table(affinity)))
     if real:
         tabs.append((f"Real: three opt-125m replicas, {real['loaded'][0]['rate']:g} req/s, "
                      "min-max over runs", tables.markdown(

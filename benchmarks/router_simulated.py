@@ -25,8 +25,8 @@ TTFT_TARGETS_S = (1.0,)             # P99 TTFT
 NL_TARGETS = (0.025,)               # normalized latency, s/token: 1.6x the unloaded value
 # Per replica count: requests per rate and the rates (req/s), light load to overload, finer
 # near the knees of both targets (P99 TTFT first, NL later).
-FULL = {8: (3000, [70, 74, 76, 78, 80, 84, 92]),
-        16: (5000, [144, 148, 152, 156, 160, 168, 184])}
+FULL = {8: (3000, [72, 75, 78, 81, 88, 100]),
+        16: (5000, [144, 150, 156, 162, 176, 200])}
 QUICK = {8: (16, [40, 80])}
 SCALE = (16, 100_000, 140)          # replicas, requests, req/s: the size the mode is for
 # Prefix affinity: ShareGPT conversations, every human turn a request carrying the conversation
@@ -69,13 +69,14 @@ def in_parallel(jobs: int, calls: list) -> list:
         return [f.result() for f in [pool.submit(c) for c in calls]]
 
 
-def sweep_jobs(plan: dict, dataset: Path, raw: Path, seeds=SEEDS, reuse: bool = False) -> list:
+def sweep_jobs(plan: dict, dataset: Path, raw: Path, seeds=SEEDS, reuse: bool = False,
+               first_routers=ROUTERS) -> list:
     """One call per replica count, seed and inner policy, the larger clusters first: it runs
     (or reuses) the sweep and returns its runs and its command line."""
     def job(replicas, num_prompts, rates, seed, inner):
         stem = f"sim_{replicas}_s{seed}_{inner}"
         result = raw / f"{stem}.json"
-        routers = ROUTERS if seed == seeds[0] else COMPARED
+        routers = first_routers if seed == seeds[0] else COMPARED
         args = simulate_args(replicas, num_prompts, rates, dataset, result, routers=routers,
                              inner=(inner,), seed=seed)
 
