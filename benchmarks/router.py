@@ -134,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the simulated sweeps of least-loaded and length-aware only: no "
                          "round-robin, prefix-affinity sweep or 100,000-request run (for a "
                          "machine too busy to run them)")
+    ap.add_argument("--inner", default=",".join(router_simulated.INNER),
+                    help="the policies inside the replicas (default %(default)s)")
     ap.add_argument("--jobs", type=int, default=4,
                     help="simulations run at once, each its own process (default %(default)s)")
     args = ap.parse_args(argv)
@@ -144,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = router_simulated.QUICK_SEEDS if args.quick else router_simulated.SEEDS
     sweeps = router_simulated.sweep_jobs(
         plan, dataset, out.raw, seeds, args.reuse_raw,
-        router_simulated.COMPARED if args.compared_only else router_simulated.ROUTERS)
+        router_simulated.COMPARED if args.compared_only else router_simulated.ROUTERS,
+        tuple(args.inner.split(",")))
     extra = [lambda: router_simulated.run_affinity(
         router_simulated.AFFINITY_QUICK if args.quick else router_simulated.AFFINITY,
         out.raw, args.reuse_raw) if not args.compared_only else ([], None)]

@@ -70,7 +70,7 @@ def in_parallel(jobs: int, calls: list) -> list:
 
 
 def sweep_jobs(plan: dict, dataset: Path, raw: Path, seeds=SEEDS, reuse: bool = False,
-               first_routers=ROUTERS) -> list:
+               first_routers=ROUTERS, inner_policies=INNER) -> list:
     """One call per replica count, seed and inner policy, the larger clusters first: it runs
     (or reuses) the sweep and returns its runs and its command line."""
     def job(replicas, num_prompts, rates, seed, inner):
@@ -91,7 +91,7 @@ def sweep_jobs(plan: dict, dataset: Path, raw: Path, seeds=SEEDS, reuse: bool = 
         return call
     return [job(replicas, n, rates, seed, inner)
             for replicas, (n, rates) in sorted(plan.items(), reverse=True)
-            for seed in seeds for inner in INNER]
+            for seed in seeds for inner in inner_policies]
 
 
 def run_scale(dataset: Path, raw: Path, reuse: bool = False) -> tuple[dict, str]:
@@ -182,6 +182,8 @@ def gain(rows: list[dict], key: str, replicas: int, inner: str, seed: int | None
     """length-aware's sustained rate over least-loaded's (NaN if either is unbounded)."""
     by = {r["router"]: r[key] for r in rows if (r["replicas"], r["inner"]) == (replicas, inner)
           and (seed is None or r.get("seed", 0) == seed)}
+    if "length-aware" not in by or "least-loaded" not in by:
+        return float("nan")
     (la, la_note), (ll, ll_note) = by["length-aware"], by["least-loaded"]
     return la / ll if ll > 0 and not la_note and not ll_note else float("nan")
 
