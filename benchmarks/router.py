@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the simulated sweeps of least-loaded and length-aware only: no "
                          "round-robin, prefix-affinity sweep or 100,000-request run (for a "
                          "machine too busy to run them)")
+    ap.add_argument("--reuse-only", action="store_true",
+                    help="publish the simulated sweeps an earlier run left in --raw and leave "
+                         "out those it did not finish (the page lists them)")
     ap.add_argument("--inner", default=",".join(router_simulated.INNER),
                     help="the policies inside the replicas (default %(default)s)")
     ap.add_argument("--jobs", type=int, default=4,
@@ -147,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     sweeps = router_simulated.sweep_jobs(
         plan, dataset, out.raw, seeds, args.reuse_raw,
         router_simulated.COMPARED if args.compared_only else router_simulated.ROUTERS,
-        tuple(args.inner.split(",")))
+        tuple(args.inner.split(",")), args.reuse_only)
     extra = [lambda: router_simulated.run_affinity(
         router_simulated.AFFINITY_QUICK if args.quick else router_simulated.AFFINITY,
         out.raw, args.reuse_raw) if not args.compared_only else ([], None)]
@@ -157,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     scale, swept, (affinity, affinity_command) = \
         (done[0] if len(extra) > 1 else None), done[len(extra) - 1:-1], done[-1]
     found = [run for runs_, _ in swept for run in runs_]
-    commands = [command for _, command in swept]
+    commands = [command for _, command in swept if command]
+    missing = sorted({(r, i) for r in plan for i in args.inner.split(",")} -
+                     {(run["replicas"], run["inner"]) for run in found})
     if scale is not None:
         scale, scale_command = scale
         commands.append(scale_command)
@@ -194,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                          hop_rows(real["hop"]))))
     section = output.Section(
         title="Replicas behind the router",
-        text=summary_text(rows, scale, real, affinity), tables=tabs,
+        text=summary_text(rows, scale, real, affinity) + ("" if not missing else (
+            " Not run this time (the machine was too busy to finish them): " + "; ".join(
+                f"{r} replicas with `{i}` inside" for r, i in missing) + ".")), tables=tabs,
         figure_alt="P99 TTFT vs request rate per router policy, simulated replicas")
     output.publish(out, NAME, section, argv=argv, commands=commands,
                    stamp=stamp.finish(start, time.perf_counter() - t0),

@@ -70,9 +70,10 @@ def in_parallel(jobs: int, calls: list) -> list:
 
 
 def sweep_jobs(plan: dict, dataset: Path, raw: Path, seeds=SEEDS, reuse: bool = False,
-               first_routers=ROUTERS, inner_policies=INNER) -> list:
+               first_routers=ROUTERS, inner_policies=INNER, reuse_only: bool = False) -> list:
     """One call per replica count, seed and inner policy, the larger clusters first: it runs
-    (or reuses) the sweep and returns its runs and its command line."""
+    (or reuses) the sweep and returns its runs and its command line. ``reuse_only``: a sweep
+    with no earlier result is left out (no runs, no command line)."""
     def job(replicas, num_prompts, rates, seed, inner):
         stem = f"sim_{replicas}_s{seed}_{inner}"
         result = raw / f"{stem}.json"
@@ -81,7 +82,9 @@ def sweep_jobs(plan: dict, dataset: Path, raw: Path, seeds=SEEDS, reuse: bool = 
                              inner=(inner,), seed=seed)
 
         def call():
-            _run(args, result, raw / f"{stem}.log", reuse)
+            if reuse_only and not result.exists():
+                return [], None
+            _run(args, result, raw / f"{stem}.log", reuse or reuse_only)
             found = []
             for run in runs.load_runs(result):
                 inner, router = run["policy"].split("/")
