@@ -1,11 +1,12 @@
 """Replicas behind the router: the three placement policies against each other.
 
-    python3 benchmarks/router.py [--quick] [--dataset-path FILE] [--skip-real]
+    python3 benchmarks/router.py [--quick] [--dataset-path FILE] [--skip-real] [--jobs N]
+                                 [--compared-only]
 
 Simulated (``benchmarks/router_simulated.py``): 8 and 16 A100-80GB replicas serving
 Llama-2-7B, ShareGPT, ``vllm`` and ``alise`` inside the replicas, each router policy over a
-rate sweep; the highest rate each sustains under a P99 TTFT target and a normalized-latency
-target; prefix affinity on multi-turn ShareGPT conversations (8 replicas, each router with
+rate sweep, two seeds; the highest rate each sustains under a P99 TTFT target and a
+normalized-latency target; prefix affinity on multi-turn ShareGPT conversations (8 replicas, each router with
 and without it: the prefix cache's hit rate, P99 TTFT, NL); and one run of 100,000 requests on
 16 replicas, with its wall time. Real (``benchmarks/router_real.py``): three opt-125m replicas
 on this machine, each router at a loaded rate (failures by cause) and the replica-kill drill;
@@ -68,6 +69,9 @@ def hop_rows(hops: list[dict]) -> list[list[str]]:
 
 def affinity_text(affinity: list[dict]) -> str:
     """Hit rate and P99 TTFT with and without affinity, at the highest rate tested."""
+    if not affinity:
+        return (" Round-robin, prefix affinity and the 100,000-request run were not run this "
+                "time (`--compared-only`).")
     top = max(r["rate"] for r in affinity)
     at = {r["router"]: r for r in affinity if r["rate"] == top}
     parts = [f"`{name}` {at[name]['hit_rate']:.0%} hits, P99 TTFT {at[name]['p99_ttft_s']:.2f} s"
@@ -79,17 +83,25 @@ def affinity_text(affinity: list[dict]) -> str:
 def summary_text(rows: list[dict], scale: dict | None, real: dict | None,
                  affinity: list[dict]) -> str:
     gains = []
+    seeds = sorted({r.get("seed", 0) for r in rows})
     for replicas in sorted({r["replicas"] for r in rows}):
         for inner in router_simulated.INNER:
             for key, what in (("p99_ttft<=1s", "P99 TTFT <= 1 s"), ("nl<=0.025", "NL <= 0.025")):
-                g = router_simulated.gain(rows, key, replicas, inner)
-                if not math.isnan(g):
-                    gains.append(f"{replicas} replicas, {inner}, {what}: {100 * (g - 1):+.1f}%")
+                g = [router_simulated.gain(rows, key, replicas, inner, s) for s in seeds]
+                bounded = [x for x in g if not math.isnan(x)]
+                if bounded:
+                    span = f"{min(bounded):.3f}" + (f"-{max(bounded):.3f}" if len(bounded) > 1
+                                                    else "")
+                    gains.append(f"{replicas} replicas, {inner}, {what}: {span}x" + (
+                        f" ({len(g) - len(bounded)} seed(s) not bounded)"
+                        if len(bounded) < len(g) else ""))
     text = ("**Simulated figures are estimates** of the roofline cost model (A100-80GB, "
-            "Llama-2-7B, a 1,536-block KV pool per replica, ShareGPT, Poisson arrivals, seed 0; "
-            "the router's predictions carry log-normal error sigma 0.7, median relative error "
+            "Llama-2-7B, a 1,536-block KV pool per replica, ShareGPT, Poisson arrivals; the "
+            "router's predictions carry log-normal error sigma 0.7, median relative error "
             "about 0.5, the embedded predictor's). `length-aware` over `least-loaded`, "
-            "sustained rate: " + ("; ".join(gains) or "not bounded within the tested rates")
+            f"sustained rate, min-max over {len(seeds)} seed(s) (each its own ShareGPT sample, "
+            "arrivals and prediction errors): "
+            + ("; ".join(gains) or "not bounded within the tested rates")
             + ".") + affinity_text(affinity)
     if scale:
         text += (f" Cluster mode ran {scale['requests']:,} requests on {scale['replicas']} "
@@ -118,37 +130,63 @@ def main(argv: list[str] | None = None) -> int:
                          "in --raw instead of running them again (virtual time: same figures), "
                          "and the real loaded comparison and kill drill an earlier run with the "
                          "same parameters left there (the hop is measured again)")
+    ap.add_argument("--compared-only", action="store_true",
+                    help="the simulated sweeps of least-loaded and length-aware only: no "
+                         "round-robin, prefix-affinity sweep or 100,000-request run (for a "
+                         "machine too busy to run them)")
+    ap.add_argument("--reuse-only", action="store_true",
+                    help="publish the simulated sweeps an earlier run left in --raw and leave "
+                         "out those it did not finish (the page lists them)")
+    ap.add_argument("--inner", default=",".join(router_simulated.INNER),
+                    help="the policies inside the replicas (default %(default)s)")
+    ap.add_argument("--jobs", type=int, default=4,
+                    help="simulations run at once, each its own process (default %(default)s)")
     args = ap.parse_args(argv)
     dataset = runs.dataset_file(args.dataset_path)
     out = output.outputs(args, NAME)
     start, t0 = stamp.take(), time.perf_counter()
     plan = router_simulated.QUICK if args.quick else router_simulated.FULL
-    found, commands = router_simulated.run_sweeps(plan, dataset, out.raw, args.reuse_raw)
-    scale = None
-    if not args.quick:
-        scale, command = router_simulated.run_scale(dataset, out.raw, args.reuse_raw)
-        commands.append(command)
+    seeds = router_simulated.QUICK_SEEDS if args.quick else router_simulated.SEEDS
+    sweeps = router_simulated.sweep_jobs(
+        plan, dataset, out.raw, seeds, args.reuse_raw,
+        router_simulated.COMPARED if args.compared_only else router_simulated.ROUTERS,
+        tuple(args.inner.split(",")), args.reuse_only)
+    extra = [lambda: router_simulated.run_affinity(
+        router_simulated.AFFINITY_QUICK if args.quick else router_simulated.AFFINITY,
+        out.raw, args.reuse_raw) if not args.compared_only else ([], None)]
+    if not args.quick and not args.compared_only:      # the longest run first
+        extra.insert(0, lambda: router_simulated.run_scale(dataset, out.raw, args.reuse_raw))
+    done = router_simulated.in_parallel(args.jobs, extra[:-1] + sweeps + extra[-1:])
+    scale, swept, (affinity, affinity_command) = \
+        (done[0] if len(extra) > 1 else None), done[len(extra) - 1:-1], done[-1]
+    found = [run for runs_, _ in swept for run in runs_]
+    commands = [command for _, command in swept if command]
+    missing = sorted({(r, i) for r in plan for i in args.inner.split(",")} -
+                     {(run["replicas"], run["inner"]) for run in found})
+    if scale is not None:
+        scale, scale_command = scale
+        commands.append(scale_command)
+    if affinity_command:
+        commands.append(affinity_command)
     real = None
     if not args.skip_real:
         p = REAL_QUICK if args.quick else REAL
         real = router_real.measure_or_reuse(dataset, out.raw / "real", p, args.reuse_raw)
         real["hop"] = [router_hop.measure(out.raw / "hop", p["hop_pairs"])
                        for _ in range(p["hop_runs"])]
-    affinity, command = router_simulated.run_affinity(
-        router_simulated.AFFINITY_QUICK if args.quick else router_simulated.AFFINITY,
-        out.raw, args.reuse_raw)
-    commands.append(command)
     rows = router_simulated.sustained_rows(found)
     router_simulated.plot(out.file(NAME, "png"), found)
-    tabs = [("Highest rate under each target, simulated (interpolated; `>=`: met at every "
-             "tested rate, `<`: at none)", router_simulated.sustained_table(rows))]
+    tabs = [("Highest rate under each target, simulated, per seed (interpolated between the "
+             "tested rates; `>=`: met at every tested rate, `<`: at none)",
+             router_simulated.sustained_table(rows))]
     for replicas in sorted(plan):
-        tabs.append((f"P99 TTFT (s), {replicas} simulated replicas",
+        tabs.append((f"P99 TTFT (s), {replicas} simulated replicas, seed 0",
                      router_simulated.ttft_table(found, replicas)))
-    tabs.append(("Prefix affinity, 8 simulated replicas (`vllm` inside), multi-turn ShareGPT: "
-                 "prefix-cache hit rate / P99 TTFT (s) / NL (s/token) per conversation-turn "
-                 "rate, and the highest rate under the P99 TTFT target",
-                 router_simulated.affinity_table(affinity)))
+    if affinity:
+        tabs.append(("Prefix affinity, 8 simulated replicas (`vllm` inside), multi-turn "
+                     "ShareGPT: prefix-cache hit rate / P99 TTFT (s) / NL (s/token) per "
+                     "conversation-turn rate, and the highest rate under the P99 TTFT target",
+                     router_simulated.affinity_table(affinity)))
     if real:
         tabs.append((f"Real: three opt-125m replicas, {real['loaded'][0]['rate']:g} req/s, "
                      "min-max over runs", tables.markdown(
@@ -161,12 +199,15 @@ def main(argv: list[str] | None = None) -> int:
                          hop_rows(real["hop"]))))
     section = output.Section(
         title="Replicas behind the router",
-        text=summary_text(rows, scale, real, affinity), tables=tabs,
+        text=summary_text(rows, scale, real, affinity) + ("" if not missing else (
+            " Not run this time (the machine was too busy to finish them): " + "; ".join(
+                f"{r} replicas with `{i}` inside" for r, i in missing) + ".")), tables=tabs,
         figure_alt="P99 TTFT vs request rate per router policy, simulated replicas")
     output.publish(out, NAME, section, argv=argv, commands=commands,
                    stamp=stamp.finish(start, time.perf_counter() - t0),
                    data={"params": {"plan": {str(k): v for k, v in plan.items()},
                                     "predictor": router_simulated.PREDICTOR,
+                                    "seeds": list(seeds),
                                     "num_gpu_blocks": router_simulated.NUM_GPU_BLOCKS,
                                     "real": None if args.skip_real else
                                     (REAL_QUICK if args.quick else REAL),

@@ -54,10 +54,29 @@ class ReplicaView:
     index: int
     up: bool = False
     load: ReplicaLoad | None = None
-    # Placed since the last load report, which does not count them yet: (prefill, decode).
+    # Placed since the last load report, which does not count them yet: (prefill, decode),
+    # and their sums (kept as they change: a placement reads them for every replica).
     since: dict[str, tuple[int, int]] = field(default_factory=dict)
+    since_prefill: int = 0
+    since_decode: int = 0
     placed: dict[str, Placement] = field(default_factory=dict)      # unfinished, this router's
     num_placed: int = 0
+
+    def count_since(self, request_id: str, prefill: int, decode: int) -> None:
+        self.drop_since(request_id)
+        self.since[request_id] = (prefill, decode)
+        self.since_prefill += prefill
+        self.since_decode += decode
+
+    def drop_since(self, request_id: str) -> None:
+        got = self.since.pop(request_id, None)
+        if got is not None:
+            self.since_prefill -= got[0]
+            self.since_decode -= got[1]
+
+    def clear_since(self) -> None:
+        self.since.clear()
+        self.since_prefill = self.since_decode = 0
 
     def rates(self) -> tuple[float, float, float]:
         rates = self.load.rates if self.load is not None else None
@@ -70,8 +89,7 @@ class ReplicaView:
 
     def pending_tokens(self) -> tuple[int, int]:
         """(prefill, decode) tokens still to run: the report's, plus placements since."""
-        prefill = sum(p for p, _ in self.since.values())
-        decode = sum(d for _, d in self.since.values())
+        prefill, decode = self.since_prefill, self.since_decode
         if self.load is None:
             return prefill, decode
         return self.load.queued_prefill_tokens + prefill, self.load.remaining_decode_tokens + decode
@@ -123,7 +141,7 @@ class RouterCore:
         """A load report: the replica is up (unless draining) and counts what was placed."""
         view = self.replicas[name]
         view.load, view.up = load, not load.draining
-        view.since.clear()
+        view.clear_since()
         if self.prefix is not None:
             self.prefix.set_block_size(load.block_size)
 
@@ -135,7 +153,7 @@ class RouterCore:
         not produced a token, and those that had."""
         view = self.replicas[name]
         view.up, view.load = False, None
-        view.since.clear()
+        view.clear_since()
         if self.prefix is not None:
             self.prefix.forget(name)
         lost = list(view.placed.values())
@@ -183,9 +201,9 @@ class RouterCore:
         placement.replica = view.name
         placement.attempts += 1
         view.placed[placement.request_id] = placement
-        view.since[placement.request_id] = (
-            placement.prompt_tokens - placement.cached_on(view.name),
-            placement.predicted_output_len)
+        view.count_since(placement.request_id,
+                         placement.prompt_tokens - placement.cached_on(view.name),
+                         placement.predicted_output_len)
         view.num_placed += 1
         self.requests[placement.request_id] = placement
         self.num_placements += 1
@@ -203,7 +221,7 @@ class RouterCore:
             view = self.replicas.get(placement.replica)
             if view is not None:
                 view.placed.pop(request_id, None)
-                view.since.pop(request_id, None)
+                view.drop_since(request_id)
 
     def unplace(self, request_id: str) -> None:
         """A placement the replica refused or never received (forgotten, not finished)."""

@@ -123,9 +123,9 @@ def test_router_quick_writes_json_figure_and_one_section(tmp_path):
     assert {row["router"] for row in record["sustained"]} == set(router_simulated.ROUTERS)
     assert out.file("router", "png").stat().st_size > 0
     assert section_count(out.page.read_text(), "router") == 1
-    made = (tmp_path / "raw" / "sim_8.json").stat().st_mtime_ns
+    made = (tmp_path / "raw" / "sim_8_s0_vllm.json").stat().st_mtime_ns
     assert router.main([*argv, "--reuse-raw"]) == 0         # published again, not re-run
-    assert (tmp_path / "raw" / "sim_8.json").stat().st_mtime_ns == made
+    assert (tmp_path / "raw" / "sim_8_s0_vllm.json").stat().st_mtime_ns == made
     assert section_count(out.page.read_text(), "router") == 1
 
 

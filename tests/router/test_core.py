@@ -97,3 +97,18 @@ def test_length_aware_with_fitted_rates_joins_the_lighter_batch_when_both_pools_
                    b=load(running=5, decode=500, free=1000 - 7, rates=rates))
     core = core_with("length-aware", **reports)
     assert [core.place(Placement(f"r{i}", 50, 400)).name for i in range(4)] == ["b"] * 4
+
+
+def test_length_aware_avoids_the_pool_a_long_running_decode_set_will_fill():
+    # 1,536-block pools (24,576 tokens), nothing queued, both with room for the prompt now.
+    # a: 10 requests with ~400 tokens each still to generate, 19,664 tokens held: it grows
+    # ten tokens a step and fills within ~500 steps, then preempts. b: 12 requests holding a
+    # little more (20,896 tokens) that are all predicted to finish within ~5 steps, freeing
+    # nearly all of it. least-loaded counts a as lighter; a current-KV or decode-time score
+    # (with fitted rates) also prefers a; the projection a few steps ahead prefers b.
+    rates = (1e-4, 2e-6, 5e-4)
+    reports = dict(a=load(running=10, decode=4000, free=1536 - 1229, total=1536, rates=rates),
+                   b=load(running=12, decode=60, free=1536 - 1306, total=1536, rates=rates))
+    assert core_with("least-loaded", **reports).place(Placement("r", 100, 300)).name == "a"
+    core = core_with("length-aware", **reports)
+    assert [core.place(Placement(f"r{i}", 100, 300)).name for i in range(3)] == ["b"] * 3

@@ -1,0 +1,111 @@
+"""Which terms of ``length-aware``'s score matter: variants of the router's score side by side
+in the simulator's cluster mode (A100-80GB replicas, Llama-2-7B, ShareGPT, a 1,536-block pool
+each, predictions with log-normal error sigma 0.7, as ``router_simulated``).
+
+    python3 benchmarks/router_ablation.py [--replicas 8] [--inner vllm] [--rates 76,80]
+        [--seed 0] [--error-seed SEED] [--num-prompts 3000] [--variants NAME,...]
+
+Prints P99 TTFT, normalized latency and preemptions per variant and rate (no page section:
+the variants are experiments, registered for this process only). Virtual time.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import router_simulated, runs  # noqa: E402
+from services.router import policies  # noqa: E402
+from services.router.policies import projected_kv_share  # noqa: E402
+
+
+def _no_since_count(r) -> int:
+    return len(r.placed) if r.load is None else \
+        r.load.stats.num_waiting + r.load.stats.num_running
+
+
+def _pool_now(r, p) -> float:
+    """The pool's fill now plus the prompts queued (reported and placed since)."""
+    prefill, _ = r.pending_tokens()
+    return (r.kv_tokens_used() + prefill + p.prompt_tokens) / r.kv_capacity_tokens()
+
+
+def _pool_now_no_since(r, p) -> float:
+    queued = r.load.queued_prefill_tokens if r.load is not None else 0
+    return (r.kv_tokens_used() + queued) / r.kv_capacity_tokens()
+
+
+def _remaining_work(r, p) -> float:
+    prefill, decode = r.pending_tokens()
+    return decode + prefill
+
+
+def _plus_count(tokens_per_request: int):
+    return lambda r, p: projected_kv_share(r, p) + \
+        tokens_per_request * r.num_requests() / r.kv_capacity_tokens()
+
+
+VARIANTS = {
+    "count-no-since": lambda r, p: _no_since_count(r),      # least-loaded, blind between reports
+    "pool-now": _pool_now,                                  # horizon 0
+    "pool-now-no-since": _pool_now_no_since,
+    "remaining-work": _remaining_work,                      # predicted decode + queued prefill
+    "horizon-32": lambda r, p: projected_kv_share(r, p, 32),
+    "horizon-64": lambda r, p: projected_kv_share(r, p, 64),
+    "plus-count-128": _plus_count(128),
+    "plus-count-256": _plus_count(256),
+}
+
+
+def register() -> None:
+    for name, fn in VARIANTS.items():
+        policies.POLICIES[name] = type(f"Variant_{name}", (policies.RouterPolicy,), {
+            "name": name, "needs_prediction": True, "score": lambda self, r, p, fn=fn: fn(r, p)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--replicas", type=int, default=8)
+    ap.add_argument("--inner", default="vllm")
+    ap.add_argument("--rates", default="76,80")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--error-seed", type=int, default=None,
+                    help="the prediction errors' seed (default: --seed)")
+    ap.add_argument("--num-prompts", type=int, default=3000)
+    ap.add_argument("--variants", default=",".join(["least-loaded", "length-aware", *VARIANTS]))
+    ap.add_argument("--dataset-path", default=str(runs.SHAREGPT))
+    args = ap.parse_args(argv)
+    register()
+    from lenserve.cli import main as lenserve_main
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "ablation.json"
+        cmd = router_simulated.simulate_args(
+            args.replicas, args.num_prompts, [float(r) for r in args.rates.split(",")],
+            Path(args.dataset_path), result, routers=args.variants.split(","),
+            inner=(args.inner,), seed=args.seed)
+        if args.error_seed is not None:
+            cmd[cmd.index("--predictor") + 1] = f"{router_simulated.PREDICTOR}:{args.error_seed}"
+        with contextlib.redirect_stdout(io.StringIO()):
+            lenserve_main(cmd)
+        found = json.loads(result.read_text())["runs"]
+    print("| router | rate (req/s) | P99 TTFT (s) | NL (s/token) | preemptions |")
+    print("| --- | --- | --- | --- | --- |")
+    for run in found:
+        s = run["summary"]
+        nl = s["normalized_latency_s_per_token"] if not s["failed"] else math.inf
+        print(f"| {run['backend'].split('/', 1)[1]} | {run['request_rate']:g} | "
+              f"{s['ttft_ms']['p99'] / 1000:.2f} | {nl:.4f} | {s.get('num_preemptions', '?')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
