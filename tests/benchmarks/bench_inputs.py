@@ -38,3 +38,33 @@ def tiny_alpaca(path: Path, n: int = 16) -> Path:
     path.write_text(json.dumps([{"instruction": f"task {i} " * (2 + i), "input": "",
                                  "output": "done " * (4 + 2 * i)} for i in range(n)]))
     return path
+
+
+def in_process(monkeypatch) -> None:
+    """``benchmarks.runs.lenserve`` in this process (``lenserve.cli.main``, its output into the
+    log) instead of a new interpreter per command: a quick benchmark's dozen commands then pay
+    their imports and the embedding model's load once. Only for benchmarks that run their
+    commands one at a time (stdout is redirected process-wide)."""
+    import contextlib
+    import os
+
+    from benchmarks import runs
+    from lenserve import cli
+
+    def run(args: list[str], log: Path) -> float:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        here = os.getcwd()
+        with open(log, "w") as out, contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(out):
+            os.chdir(runs.REPO)
+            try:
+                code = cli.main(list(args))
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else 1
+            finally:
+                os.chdir(here)
+        if code != 0:
+            raise runs.CommandFailed(f"{runs.shown(args)} failed (exit {code}); see {log}")
+        return 0.0
+
+    monkeypatch.setattr(runs, "lenserve", run)

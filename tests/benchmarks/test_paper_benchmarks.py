@@ -16,14 +16,16 @@ from benchmarks import output, page, runs  # noqa: E402
 from tests.benchmarks.bench_inputs import (  # noqa: E402
     bench_run,
     cpu_stamp,
+    in_process,
     section_count,
     tiny_alpaca,
     tiny_sharegpt,
 )
 
 
-def test_fluidinfer_quick_simulates_every_setting_and_publishes_one_section(tmp_path):
+def test_fluidinfer_quick_simulates_every_setting_and_publishes_one_section(tmp_path, monkeypatch):
     from benchmarks import fluidinfer
+    in_process(monkeypatch)
 
     data = tiny_sharegpt(tmp_path / "tiny.jsonl.gz")
     argv = ["--quick", "--no-real", "--dataset-path", str(data), "--docs",
@@ -84,8 +86,9 @@ def test_a_run_with_failed_requests_says_so_and_sustains_no_latency_target():
     assert tables.sustained_rate(tables.nl_points(found, "econoserve"), 0.05) == (1.0, "")
 
 
-def test_econoserve_paper_quick_reports_sustained_rates_and_paper_metrics(tmp_path):
+def test_econoserve_paper_quick_reports_sustained_rates_and_paper_metrics(tmp_path, monkeypatch):
     from benchmarks import econoserve_paper
+    in_process(monkeypatch)
     argv = ["--quick", "--dataset-path",
             str(tiny_sharegpt(tmp_path / "tiny.jsonl.gz")),
             "--alpaca-path", str(tiny_alpaca(tmp_path / "alpaca.json")),
@@ -208,6 +211,7 @@ def test_alise_paper_quick_publishes_its_section(tmp_path, monkeypatch):
     monkeypatch.setattr(alise_paper, "swap_bytes", lambda *a: swap)
     # Building the disjoint predictor tokenizes the whole ShareGPT file: the bundled seed here.
     monkeypatch.setattr(alise_paper.alise_runs, "sharegpt_predictor", lambda *a: "embedded")
+    in_process(monkeypatch)
     assert alise_paper.main(["--quick", "--docs", str(tmp_path),
                              "--raw", str(tmp_path / "raw")]) == 0
     text = (tmp_path / "results.md").read_text()
