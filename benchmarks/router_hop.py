@@ -81,6 +81,7 @@ class StubReplica(scheduler_pb2_grpc.SchedulerServiceServicer):
             queue.put_nowait(chunk)
 
     async def Link(self, request_iterator, context):
+        await context.send_initial_metadata(())     # the router waits for it
         queue: asyncio.Queue = asyncio.Queue()
         reader = asyncio.ensure_future(self._take(request_iterator, queue))
         try:

@@ -95,7 +95,9 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Link(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
+        """A router's one stream to a replica. The server sends its initial metadata as the stream
+        opens: a router counts the replica up only once it has it.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

@@ -7,7 +7,12 @@ first load report marks it up).
 
 A request costs the link one message on a stream that is already open, not a call of its own
 (a unary ``Submit`` per request opened an HTTP/2 stream and waited a round trip before the
-request's first token could come back)."""
+request's first token could come back).
+
+A replica that serves ``Link`` sends its initial metadata as the stream opens; the link waits
+for it before the replica counts as up, so a replica of an older lenserve (no ``Link``:
+``UNIMPLEMENTED``) is never placed on, and says so once in the log, instead of taking requests
+that then fail over."""
 from __future__ import annotations
 
 import asyncio
@@ -23,6 +28,10 @@ from services.scheduler import convert
 log = logging.getLogger(__name__)
 
 
+class NoLink(ConnectionError):
+    """The replica does not serve ``Link``: an older lenserve than the router."""
+
+
 class ReplicaLink:
     def __init__(self, name: str, on_load: Callable, on_reply: Callable,
                  on_lost: Callable, *, load_interval_s: float = 0.1,
@@ -35,6 +44,7 @@ class ReplicaLink:
                                                   options=rpc.CHANNEL_OPTIONS)
         self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
         self.connected = False
+        self.no_link_logged = False
         self._outbox: asyncio.Queue | None = None      # the open stream's; None between them
         self._task: asyncio.Task | None = None
 
@@ -67,6 +77,10 @@ class ReplicaLink:
             try:
                 await self._session()
                 delay = self.backoff_s
+            except NoLink as err:
+                if not self.no_link_logged:
+                    log.error("replica %s: %s", self.name, err)
+                    self.no_link_logged = True
             except grpc.aio.AioRpcError as err:
                 log.warning("replica %s lost: %s", self.name, err.details() or err.code())
             except ConnectionError as err:
@@ -85,6 +99,10 @@ class ReplicaLink:
         loads = self._stub.StreamLoad(scheduler_pb2.LoadRequest(interval_s=self.load_interval_s))
         readers: list[asyncio.Future] = []
         try:
+            await link.initial_metadata()       # sent at once by a replica that serves Link
+            if link.done() and await link.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise NoLink("it serves no Link stream (an older lenserve than the router's); "
+                             "it gets no requests until it is upgraded")
             first = await loads.read()
             if first is grpc.aio.EOF:
                 raise ConnectionError("the replica closed its load stream")

@@ -89,6 +89,7 @@ class RouterServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     async def Link(self, request_iterator, context):
         """A replica's link, served by placing each request (a router in front of routers)."""
+        await context.send_initial_metadata(())     # the router waits for it
         queue: asyncio.Queue = asyncio.Queue()      # chunk lists, Admissions, or Malformed
         running: set[str] = set()
         reader = asyncio.ensure_future(self._take(request_iterator, queue, running))

@@ -88,6 +88,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return scheduler_pb2.SubmitResponse()
 
     async def Link(self, request_iterator, context):
+        # At once: the router counts the replica up only once it has seen this.
+        await context.send_initial_metadata(())
         link = _Subscription()
         reader = asyncio.ensure_future(self._take(request_iterator, link))
         try:

@@ -92,6 +92,7 @@ class _Stopped(scheduler_pb2_grpc.SchedulerServiceServicer):
     """A replica that reports load but whose engine has stopped: it takes nothing."""
 
     async def Link(self, request_iterator, context):
+        await context.send_initial_metadata(())
         async for msg in request_iterator:
             yield scheduler_pb2.LinkReply(admissions=[scheduler_pb2.Admission(
                 request_id=msg.submit.request_id, error=common_pb2.ErrorDetail(
@@ -172,3 +173,39 @@ async def test_a_router_in_front_of_a_router_serves_as_a_replica():
             await server.stop(grace=None)
             await router.close()
         await replica.stop()
+
+
+class _Older(scheduler_pb2_grpc.SchedulerServiceServicer):
+    """A replica of a lenserve before ``Link``: it reports load, and ``Link`` is
+    ``UNIMPLEMENTED`` (the generated base class's answer)."""
+
+    StreamLoad = _Stopped.StreamLoad
+
+
+async def test_a_replica_without_link_gets_no_request_and_is_named_once(caplog):
+    server, port = rpc.new_server("127.0.0.1:0", "older replica")
+    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(_Older(), server)
+    await server.start()
+
+    class Older:
+        target = f"127.0.0.1:{port}"
+    good = await Replica().start()
+    router, front, target = await start_router([Older(), good], policy="round-robin",
+                                               expect_up=1)
+    client = AsyncClient(target, multiplex=True)
+    try:
+        with caplog.at_level("ERROR", logger="services.router.replicas"):
+            await asyncio.sleep(0.5)        # several reconnection attempts
+            results = await asyncio.gather(*(run(client, f"p{i}", 3) for i in range(6)))
+        assert all(len(tokens) == 3 for tokens, _ in results)
+        assert router.num_submit_failures == 0
+        assert router.core.replicas[Older.target].num_placed == 0
+        assert not router.links[Older.target].connected
+        named = [r for r in caplog.records if "serves no Link" in r.getMessage()]
+        assert len(named) == 1 and Older.target in named[0].getMessage()
+    finally:
+        await client.close()
+        await front.stop(grace=None)
+        await router.close()
+        await server.stop(grace=None)
+        await good.stop()

@@ -60,13 +60,14 @@ class Replica:
 
 
 async def start_router(replicas: list[Replica], policy: str = "round-robin",
-                       hold_s: float = 5.0):
+                       hold_s: float = 5.0, expect_up: int | None = None):
     router = Router(RouterCore(policy), hold_s=hold_s, load_interval_s=0.02)
     server, port = build_router_server(router, "127.0.0.1:0")
     await server.start()
     await router_serving(server)
     router.set_replicas([r.target for r in replicas])
-    await until(lambda: len(router.core.up_replicas()) == len(replicas))
+    up = len(replicas) if expect_up is None else expect_up
+    await until(lambda: len(router.core.up_replicas()) == up)
     return router, server, f"127.0.0.1:{port}"
 
 
