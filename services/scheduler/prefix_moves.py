@@ -56,7 +56,9 @@ class PrefixMoves:
             except Exception as exc:  # noqa: BLE001 - a lost cache entry, nothing more
                 logger.error("could not free host prefix block %r: %s", owner, exc)
 
-    def start(self, out) -> None:
+    def start(self, out) -> list[str]:
+        """Start the iteration's copies; wait for the uploads a request it runs reads (one
+        admitted as its blocks upload). Returns the requests whose blocks failed to land."""
         for owner, block in out.prefix_writebacks:
             try:
                 self._writes.append((owner, self.kv.swap_out(owner, [block])))
@@ -68,6 +70,27 @@ class PrefixMoves:
                 self._uploads.append((owner, block, self.kv.swap_in(owner, [block])))
             except Exception as exc:  # noqa: BLE001
                 self._upload_failed(owner, block, exc)
+        return self._wait_read(out) if out.prefix_uploads else []
+
+    def _wait_read(self, out) -> list[str]:
+        table, failed = self.state.block_manager.block_table, []
+        read: dict[int, list[str]] = {}
+        for r, _ in out.scheduled:
+            for b in table(r.request_id):
+                read.setdefault(b, []).append(r.request_id)
+        keep = []
+        for owner, block, handle in self._uploads:
+            if block not in read:
+                keep.append((owner, block, handle))
+                continue
+            self.state.num_prefix_upload_waits += 1
+            try:
+                handle.wait()
+            except Exception as exc:  # noqa: BLE001
+                self._upload_failed(owner, block, exc)
+                failed += read[block]
+        self._uploads = keep
+        return failed
 
     def finish(self) -> None:
         """Wait for the iteration's copies (before its deferred blocks are released)."""
