@@ -270,6 +270,7 @@ class BlockManager:
         """Forget every cached KV (the executor lost its KV pool): nothing is served from it
         again, and free cached blocks become plain free blocks."""
         if self.prefix is not None:
+            self.pins.clear()
             self._free.extend(reversed(self.prefix.clear()))
             self._chain.clear()
 

@@ -57,6 +57,11 @@ class Pins:
             del self.owner[block]
             self._unref(block)
 
+    def clear(self) -> None:
+        """Drop every pin (the cache is being reset)."""
+        for rid in list(self.of):
+            self.release(rid)
+
     def steal(self) -> None:
         """An allocation needs a block and only pinned ones are left: unpin the last free one
         (a chain's tail first), leaving it free and cached, next to be evicted."""
@@ -105,3 +110,4 @@ class Pins:
         for block in self.owner:
             assert self.bm._ref[block] == len(holders.get(block, ())) + 1, f"pin of {block}"
             assert block not in self.bm.prefix.free_cached, f"pinned block {block} in the LRU"
+            assert self.bm.prefix.is_cached(block), f"pinned block {block} holds no cached KV"
