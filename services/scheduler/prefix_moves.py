@@ -4,10 +4,12 @@ copies the scheduler planned through the KV manager, the same calls as a request
 Write-backs start at the end of a step and run beside the next iteration (one whose block
 that iteration's schedule evicted is abandoned, or, if an upload took its copy, waited for
 first). Per iteration: evicted host entries are freed first (a swap-out of the same iteration
-may need their host blocks), then uploads start and run beside the iteration. All copies are
-waited for after it, before the next schedule (the earliest their device blocks are handed
-out or read). A failed copy loses only the cache entry: a failed write-back forgets the host
-entry, a failed upload un-indexes its device block (recomputed when next needed).
+may need their host blocks), then uploads start: one into a block a request of the iteration
+reads (admitted as it was picked) is waited for before the iteration, the others run beside
+it. All copies are waited for after it, before the next schedule (the earliest their device
+blocks are handed out or read). A failed copy loses only the cache entry: a failed write-back
+forgets the host entry, a failed upload un-indexes its device block (recomputed when next
+needed) and ends the requests of the iteration that read it.
 """
 from __future__ import annotations
 
@@ -65,19 +67,22 @@ class PrefixMoves:
             except Exception as exc:  # noqa: BLE001
                 logger.error("prefix write-back of block %d failed: %s", block, exc)
                 self.state.prefix_writeback_failed(owner)
+        lost = []
         for owner, block in out.prefix_uploads:
             try:
                 self._uploads.append((owner, block, self.kv.swap_in(owner, [block])))
             except Exception as exc:  # noqa: BLE001
                 self._upload_failed(owner, block, exc)
-        return self._wait_read(out) if out.prefix_uploads else []
+                lost.append(block)
+        return self._wait_read(out, lost) if out.prefix_uploads else []
 
-    def _wait_read(self, out) -> list[str]:
-        table, failed = self.state.block_manager.block_table, []
+    def _wait_read(self, out, lost: list[int]) -> list[str]:
+        table = self.state.block_manager.block_table
         read: dict[int, list[str]] = {}
         for r, _ in out.scheduled:
             for b in table(r.request_id):
                 read.setdefault(b, []).append(r.request_id)
+        failed = [rid for b in lost for rid in read.get(b, ())]
         keep = []
         for owner, block, handle in self._uploads:
             if block not in read:

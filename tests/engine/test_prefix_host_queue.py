@@ -42,3 +42,24 @@ def test_a_turn_behind_a_queue_is_served_from_the_host_tier():
     # keeps others out); the turn is served the 5 still pinned.
     assert served >= 5 * 4
     assert not len(state.block_manager.pins) and not state.pinned_at
+
+
+def test_a_failed_upload_ends_the_request_that_would_read_it():
+    # The turn is admitted as it is picked (room enough), so it would read its uploads in
+    # the same iteration: one that fails ends it with an error instead of serving garbage.
+    engine, _ = _engine(True, **BIG_HOST)
+    _serve(engine, "t1", FIRST)
+    for i in range(3):
+        _serve(engine, f"x{i}", [100 + i] * 36)
+    kv = engine.kv_manager
+
+    def failing(owner, blocks):
+        raise RuntimeError("copy engine gone")
+
+    kv.swap_in = failing
+    engine.add_request("t2", prompt_token_ids=FIRST + list(range(72, 80)),
+                       sampling_params=PARAMS)
+    done = run_to_completion(engine)            # integrity checked every step
+    assert done["t2"].error == "prefix upload failed"
+    assert not engine.scheduler.block_manager.owners()
+    assert not len(engine.scheduler.block_manager.pins)
