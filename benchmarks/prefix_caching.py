@@ -53,14 +53,14 @@ CPU_QUICK = {**CPU, "num_prompts": 4, "max_prompt_len": 256, "max_model_len": 27
 # tier of all of 64 GiB of swap space (8,192 blocks of 8 MiB).
 SIM = {"num_prompts": 1000, "block_tokens": 64, "ttft_slo_ms": 1000.0, "swap_gib": 64.0,
        "host_blocks": 8192, "scales": [1.0, 0.93, 0.86, 0.8], "workers": 3}
-SIM_QUICK = {**SIM, "num_prompts": 40, "scales": [1.0]}
+SIM_QUICK = {**SIM, "num_prompts": 12, "scales": [1.0]}
 # Simulator on multi-turn ShareGPT (the conversations file, or the bundled sample without
 # it): 1,000 turns, conversations starting at 4-6/s with 5 s of think time (about 700-token
 # prompts, 58% of their tokens cached when nothing is evicted), at and past the rate where
 # the KV pool starts to evict and preempt.
 CHAT = {"num_prompts": 1000, "think": 5.0, "max_prompt_len": 3072, "max_model_len": 4096,
         "swap_gib": 64.0, "host_blocks": 8192, "rates": [4.0, 5.0, 6.0], "workers": 3}
-CHAT_QUICK = {**CHAT, "num_prompts": 20, "rates": [4.0]}
+CHAT_QUICK = {**CHAT, "num_prompts": 12, "rates": [4.0]}
 MODES = ("off", "device", "host")
 POLICIES = ("vllm", "alise")
 
@@ -231,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     out = output.outputs(args, NAME)
     p, q, c = (CPU_QUICK, SIM_QUICK, CHAT_QUICK) if args.quick else (CPU, SIM, CHAT)
     p = {**p, "model": args.model}
+    if args.model == "fake":    # its blocks are bytes: a real model's swap space is millions
+        p["swap_gib"] = 2**-14  # of them, which the host pool's allocator scans per copy
     start, t0 = stamp.take(), time.perf_counter()
     parts = {part for part in args.parts.split(",") if part} - {"none"}
     if parts - {"sim", "chat", "cpu"} or not (parts or args.parts == "none"):

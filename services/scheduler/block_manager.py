@@ -26,6 +26,7 @@ overwrite them).
 from __future__ import annotations
 
 from services.scheduler.prefix_cache import PrefixIndex
+from services.scheduler.prefix_pins import Pins
 
 
 class BlockManager:
@@ -37,6 +38,8 @@ class BlockManager:
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._ref = [0] * num_blocks               # tables holding each block
         self.prefix = PrefixIndex(block_size, cache_namespace) if enable_prefix_caching else None
+        # Blocks held for queued requests about to be admitted (``prefix_pins``).
+        self.pins = Pins(self, num_blocks // 2)
         # request id -> [blocks of its table indexed so far, prefix id the chain ends at]
         self._chain: dict[str, list] = {}
         self._tables: dict[str, list[int]] = {}
@@ -51,9 +54,12 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks an allocation may take: plain free ones and free cached ones (evicted)."""
+        """Blocks an allocation may take: plain free ones, free cached ones (evicted) and
+        pinned ones no request holds (pins never keep an admission out)."""
         prefix = self.prefix
-        return len(self._free) + (len(prefix.free_cached) if prefix is not None else 0)
+        if prefix is None:
+            return len(self._free)
+        return len(self._free) + len(prefix.free_cached) + self.pins.num_free()
 
     @property
     def num_lent_blocks(self) -> int:
@@ -123,6 +129,8 @@ class BlockManager:
         got = free[-plain:][::-1] if plain else []
         del free[len(free) - plain:]
         for _ in range(need - plain):
+            if not self.prefix.free_cached:
+                self.pins.steal()
             got.append(self.prefix.evict_lru())
         for b in got:
             ref[b] = 1
@@ -157,7 +165,7 @@ class BlockManager:
             ref[b] -= 1
             if ref[b]:
                 continue                    # another request still reads it
-            if defer:
+            if defer or b in self.pins.fresh:
                 self._deferred.append(b)
             elif prefix.is_cached(b):
                 prefix.free_cached[b] = None
@@ -177,6 +185,7 @@ class BlockManager:
                 else:
                     self._free.append(b)
         self._deferred.clear()
+        self.pins.land()
         return n
 
     # -- prefix caching ----------------------------------------------------------------------
@@ -189,13 +198,13 @@ class BlockManager:
 
     def num_held_of(self, blocks: list[int]) -> int:
         """How many of ``blocks`` some request holds (sharing them takes no free block)."""
-        ref = self._ref
-        return sum(1 for b in blocks if ref[b])
+        ref, pinned = self._ref, self.pins.owner
+        return sum(1 for b in blocks if ref[b] - (b in pinned) > 0)
 
     def num_free_taken_by(self, blocks: list[int]) -> int:
         """How many of ``blocks`` a claim would take out of the free count."""
         ref, cached = self._ref, self.prefix.free_cached if self.prefix else {}
-        return sum(1 for b in blocks if ref[b] == 0 and b in cached)
+        return sum(1 for b in blocks if (ref[b] == 0 and b in cached) or self.pins.is_free(b))
 
     def claim_prefix(self, request_id: str, blocks: list[int]) -> None:
         """Start the request's (empty) table with cached ``blocks`` from ``match_prefix``,
@@ -234,15 +243,15 @@ class BlockManager:
             i += 1
         chain[0], chain[1] = i, parent
 
-    def upload_target(self, key: tuple, uid: int) -> int:
-        """A free block for a host tier upload of ``key``: indexed now, held by nobody, and
-        kept out of the free lists (unclaimable) until ``release_deferred`` after the copy."""
+    def upload_target(self, request_id: str, key: tuple, uid: int) -> int:
+        """A free block for a host tier upload of ``key``: indexed now and pinned to the
+        request, never handed out before ``release_deferred`` (after the copy)."""
         if self._free:
             block = self._free.pop()
         else:
             block = self.prefix.evict_lru()
         self.prefix.index(block, key, uid)
-        self._deferred.append(block)
+        self.pins.pin(request_id, block, fresh=True)
         return block
 
     def writeback_candidates(self, window: int) -> list[int]:
@@ -261,6 +270,7 @@ class BlockManager:
         """Forget every cached KV (the executor lost its KV pool): nothing is served from it
         again, and free cached blocks become plain free blocks."""
         if self.prefix is not None:
+            self.pins.clear()
             self._free.extend(reversed(self.prefix.clear()))
             self._chain.clear()
 
@@ -336,8 +346,12 @@ class BlockManager:
                 assert prefix is not None and prefix.is_cached(b), (
                     f"block {b} owned by both {held[0][0]} and {held[1][0]} but not shared KV")
                 assert len({pos for _, pos in held}) == 1, f"shared block {b} at two positions"
-            assert self._ref[b] == len(held), f"block {b}: {self._ref[b]} holders counted, {held}"
+            assert self._ref[b] == len(held) + (b in self.pins.owner), (
+                f"block {b}: {self._ref[b]} holders counted, {held}")
         cached = list(prefix.free_cached) if prefix is not None else []
+        if prefix is not None:
+            self.pins.check(holders)
+            holders.update({b: [] for b in self.pins.owner if b not in holders})
         unowned = self._free + self._deferred + cached
         for b in unowned:
             assert b not in holders, f"free block {b} also held by {holders.get(b)}"

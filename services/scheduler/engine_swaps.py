@@ -49,7 +49,7 @@ class EngineSwaps:
         if out.swapped_out or out.swapped_in:
             failed += self._swap_requests(out)
         if moves is not None:
-            moves.start(out)
+            failed += [self._fail(rid, "prefix upload failed") for rid in moves.start(out)]
         return self._drop_failed(out, failed)
 
     def _swap_requests(self, out: SchedulerOutput) -> list:
@@ -76,9 +76,11 @@ class EngineSwaps:
 
     @staticmethod
     def _drop_failed(out: SchedulerOutput, failed: list) -> list:
-        """A request whose swap-in failed has ended: it leaves the batch (and its waves)."""
+        """A request whose swap-in failed, or that was aborted meanwhile, has ended: it leaves
+        the batch (and its waves)."""
         failed = [f for f in failed if f is not None]
-        if not failed or not any(r.is_finished for r, _ in out.scheduled):
+        # (an abort while the iteration's uploads are copying also ends a request it runs)
+        if not (failed or out.prefix_uploads) or not any(r.is_finished for r, _ in out.scheduled):
             return failed
         keep = [i for i, (r, _) in enumerate(out.scheduled) if not r.is_finished]
         new_index = {old: new for new, old in enumerate(keep)}

@@ -20,12 +20,15 @@ manager frees the host copy once it has landed) and ``free`` evicts it. No secon
   first evicts the least recently used entry, and a swap-out of a request that finds the host
   pool short evicts entries too (a swapped request's KV takes precedence over a cache). An
   entry written back this iteration is never evicted in the same one (its copy has not run).
-* **Uploads overlap, and only their request waits.** A request that arrives with part of its
-  prefix here is held back from its policy for one iteration: its blocks are uploaded into
-  free device blocks (indexed, unclaimable until they land) beside that iteration, then it is
-  queued and finds them on the device as ordinary cached blocks. Nobody else waits. With no
-  free block to upload into, it retries for up to ``FETCH_TRIES`` iterations (where it would
-  have queued for blocks anyway), then is queued without them.
+* **Uploads when the policy picks the request, pinned until it runs.** A request with part of
+  its prefix here is queued at once (ranked by its cached tokens on both tiers). When its
+  policy picks it for admission (``prefix_start``), its host blocks are uploaded into free
+  device blocks, indexed at once and pinned to it with the prefix's device part
+  (``prefix_pins``: no eviction takes them, no admission is kept out by them). Admitted in
+  the same iteration, it waits for its own copies before the iteration runs; not admitted
+  (no room yet), the copies run beside the iteration and it finds the blocks on the device
+  when picked again. Uploads at arrival were lost behind a queue: the blocks sat free and
+  other admissions evicted them first.
 * **Sharing with swapped requests.** A swapped request's host copy and a cached block are
   different owners in the host pool: neither is ever freed for the other (one pool, separate
   blocks).
@@ -35,10 +38,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from services.scheduler.prefix_pins import PIN_ITERATIONS
+
 HOST_OWNER = "\x1fprefix/"     # request ids may not start with \x1f (checked on arrival)
-# Iterations a held-back request waits for free device blocks to upload into before it is
-# queued without them (it then recomputes those tokens).
-FETCH_TRIES = 4
 
 
 @dataclass(slots=True)
@@ -145,44 +147,47 @@ class HostPrefixTier:
 
 # -- planning, on the scheduler's state (``SchedulerState``) -----------------------------------
 
-def wants_fetch(state, request) -> bool:
-    """Whether part of the request's prompt prefix is cached on the host only."""
-    bm, n = state.block_manager, len(request.token_ids)
-    if not state.prefix_host or n <= bm.block_size:
-        return False
-    found = bm.prefix.match_tiers(request.token_ids, (n - 1) // bm.block_size)
-    return any(block is None for _, block in found)
-
-
-def plan(state, output) -> None:
-    """After the policy: upload the host-cached prefixes of requests held back for them."""
-    fetching = state.fetching
-    for rid, tries in fetching.items():
-        if tries:
-            fetching[rid] = 0 if _upload(state, state.requests[rid], output) else tries - 1
-
-
-def _upload(state, request, output) -> bool:
+def fetch(state, request) -> None:
+    """The policy picks a queued request (``prefix_start``): upload the part of its prompt's
+    prefix the host holds, pinned to it with the free cached part on the device (the chain's
+    head). The copies start after the schedule; the request finds the blocks indexed now."""
     bm, host = state.block_manager, state.prefix_host
-    found = bm.prefix.match_tiers(request.token_ids,
-                                  (len(request.token_ids) - 1) // bm.block_size)
-    keys = [key for key, block in found if block is None]
-    cached, own = bm.prefix.free_cached, 0
-    for _, block in found:       # its device part: evicted last while the rest uploads
-        if block is not None and block in cached:
-            cached.move_to_end(block)
-            own += 1
-    # The uploads may not evict that device part: the chain they extend would lose its head
-    # (every uploaded block unreachable, the request served nothing).
-    if len(keys) > bm.num_free_blocks - own:
-        return False
-    for key in keys:
+    n, pins, rid = len(request.token_ids), bm.pins, request.request_id
+    if rid in pins.of:
+        state.pinned_at[rid] = state.iteration      # picked again: its pins live on
+    if n <= bm.block_size or not host.entries:
+        return
+    found = bm.prefix.match_tiers(request.token_ids, (n - 1) // bm.block_size)
+    if all(block is not None for _, block in found):
+        return
+    ref = bm._ref
+    state.pinned_at[rid] = state.iteration
+    room = pins.limit - len(pins)
+    for _, block in found:      # the device part first: the uploads may not evict it
+        if block is not None and ref[block] == 0 and block in bm.prefix.free_cached and room:
+            pins.pin(rid, block)
+            room -= 1
+    for key, block in found:
+        if block is not None:
+            continue
+        # Into plain free blocks, else the least recently used cached ones (pinned blocks
+        # and blocks whose copy is in flight are never taken).
+        if room <= 0 or not bm.num_free_uncached_blocks + len(bm.prefix.free_cached):
+            return
         entry = host.take(key)
-        block = bm.upload_target(key, entry.uid)
-        output.prefix_uploads.append((entry.owner, block))
+        block = bm.upload_target(rid, key, entry.uid)
+        state.prefix_uploads.append((entry.owner, block))
         state.num_pending_host_blocks += 1      # the manager frees it once it has landed
         state.prefix_host_hit_tokens += bm.block_size
-    return True
+        room -= 1
+
+
+def expire_pins(state) -> None:
+    """Drop the pins of requests the policy has not picked for ``PIN_ITERATIONS``."""
+    pinned_at, pins = state.pinned_at, state.block_manager.pins
+    for rid in [r for r, it in pinned_at.items() if state.iteration - it > PIN_ITERATIONS]:
+        del pinned_at[rid]
+        pins.release(rid)
 
 
 def write_back(state, output) -> None:

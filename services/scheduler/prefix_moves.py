@@ -4,10 +4,12 @@ copies the scheduler planned through the KV manager, the same calls as a request
 Write-backs start at the end of a step and run beside the next iteration (one whose block
 that iteration's schedule evicted is abandoned, or, if an upload took its copy, waited for
 first). Per iteration: evicted host entries are freed first (a swap-out of the same iteration
-may need their host blocks), then uploads start and run beside the iteration. All copies are
-waited for after it, before the next schedule (the earliest their device blocks are handed
-out or read). A failed copy loses only the cache entry: a failed write-back forgets the host
-entry, a failed upload un-indexes its device block (recomputed when next needed).
+may need their host blocks), then uploads start: one into a block a request of the iteration
+reads (admitted as it was picked) is waited for before the iteration, the others run beside
+it. All copies are waited for after it, before the next schedule (the earliest their device
+blocks are handed out or read). A failed copy loses only the cache entry: a failed write-back
+forgets the host entry, a failed upload un-indexes its device block (recomputed when next
+needed) and ends the requests of the iteration that read it.
 """
 from __future__ import annotations
 
@@ -56,18 +58,44 @@ class PrefixMoves:
             except Exception as exc:  # noqa: BLE001 - a lost cache entry, nothing more
                 logger.error("could not free host prefix block %r: %s", owner, exc)
 
-    def start(self, out) -> None:
+    def start(self, out) -> list[str]:
+        """Start the iteration's copies; wait for the uploads a request it runs reads (one
+        admitted as its blocks upload). Returns the requests whose blocks failed to land."""
         for owner, block in out.prefix_writebacks:
             try:
                 self._writes.append((owner, self.kv.swap_out(owner, [block])))
             except Exception as exc:  # noqa: BLE001
                 logger.error("prefix write-back of block %d failed: %s", block, exc)
                 self.state.prefix_writeback_failed(owner)
+        lost = []
         for owner, block in out.prefix_uploads:
             try:
                 self._uploads.append((owner, block, self.kv.swap_in(owner, [block])))
             except Exception as exc:  # noqa: BLE001
                 self._upload_failed(owner, block, exc)
+                lost.append(block)
+        return self._wait_read(out, lost) if out.prefix_uploads else []
+
+    def _wait_read(self, out, lost: list[int]) -> list[str]:
+        table = self.state.block_manager.block_table
+        read: dict[int, list[str]] = {}
+        for r, _ in out.scheduled:
+            for b in table(r.request_id):
+                read.setdefault(b, []).append(r.request_id)
+        failed = [rid for b in lost for rid in read.get(b, ())]
+        keep = []
+        for owner, block, handle in self._uploads:
+            if block not in read:
+                keep.append((owner, block, handle))
+                continue
+            self.state.num_prefix_upload_waits += 1
+            try:
+                handle.wait()
+            except Exception as exc:  # noqa: BLE001
+                self._upload_failed(owner, block, exc)
+                failed += read[block]
+        self._uploads = keep
+        return failed
 
     def finish(self) -> None:
         """Wait for the iteration's copies (before its deferred blocks are released)."""

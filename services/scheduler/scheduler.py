@@ -81,10 +81,7 @@ class Scheduler:
         self.validate(request)
         request.fix_stop_conditions(self.config.max_model_len)
         self.state.add(request)
-        if prefix_host.wants_fetch(self.state, request):
-            self.state.fetching[request.request_id] = prefix_host.FETCH_TRIES  # queued later
-            return
-        self.state.cached_tokens(request)       # what the policy ranks it by
+        self.state.cached_tokens(request, tiers=True)     # what the policy ranks it by
         self.policy.add_request(request)
 
     def validate(self, request: Request) -> None:
@@ -125,8 +122,7 @@ class Scheduler:
         """End a request from outside the token loop (abort, stop string, error)."""
         if request.is_finished:
             return
-        if request.request_id not in self.state.fetching:   # the policy has not seen it yet
-            self.policy.remove_request(request)
+        self.policy.remove_request(request)
         request.stop_reason = stop_reason
         self.state.finish(request, reason)
         self._drop_table(request.request_id)
@@ -137,26 +133,18 @@ class Scheduler:
     def schedule(self, now: float) -> SchedulerOutput:
         state = self.state
         state.now = now
-        if state.fetching:
-            self._queue_fetched()
+        if state.pinned_at:
+            prefix_host.expire_pins(state)
         output = self.policy.schedule(state, state.budget)
-        if state.prefix_host is not None:
-            prefix_host.plan(state, output)
+        if state.prefix_uploads:            # issued by the policy's picks (``prefix_start``)
+            output.prefix_uploads.extend(state.prefix_uploads)
+            state.prefix_uploads.clear()
         state.iteration += 1
         for request in output.preempted:
             self._drop_table(request.request_id)
         for rid, _ in output.swapped_out:
             self._drop_table(rid)
         return output
-
-    def _queue_fetched(self) -> None:
-        """Requests whose host-cached prefix has landed go to the policy."""
-        fetching = self.state.fetching
-        for rid in [rid for rid, tries in fetching.items() if not tries]:
-            del fetching[rid]
-            request = self.state.requests[rid]
-            self.state.cached_tokens(request)
-            self.policy.add_request(request)
 
     def release_swapped_blocks(self, in_flight: int = 0) -> None:
         """The iteration's swap copies have finished: the device blocks swap-outs read and the

@@ -64,10 +64,13 @@ class SchedulerState:
         self.iteration = 0
         self.num_finished = 0
         self.num_preemptions = 0
-        # The prefix cache's host tier (``prefix_host``), sharing the host pool; requests
-        # held back while their host-cached prefix uploads (id -> tries left; 0: issued).
+        # The prefix cache's host tier (``prefix_host``), sharing the host pool; uploads the
+        # policy's picks issued this schedule (owner, device block), and the iteration each
+        # request holding pins was last picked.
         self.prefix_host: prefix_host.HostPrefixTier | None = None
-        self.fetching: dict[str, int] = {}
+        self.prefix_uploads: list[tuple[str, int]] = []
+        self.pinned_at: dict[str, int] = {}
+        self.num_prefix_upload_waits = 0    # uploads an iteration waited for before it ran
         cap = min(config.prefix_cache_host_blocks, num_host_blocks)
         if cap > 0 and self.block_manager.prefix is not None:
             window = 2 * -(-config.max_num_batched_tokens // config.block_size)
@@ -86,14 +89,19 @@ class SchedulerState:
         self.requests[request.request_id] = request
         self.counts[request.status] += 1
 
-    def cached_tokens(self, request: Request) -> int:
+    def cached_tokens(self, request: Request, tiers: bool = False) -> int:
         """Look up, and note on the request, how many of its tokens the prefix cache holds
-        now (a policy ranks a queued request by its uncached work)."""
-        bm = self.block_manager
+        now (a policy ranks a queued request by its uncached work): on the device, or with
+        ``tiers`` on the device and the host tier (uploaded when the policy picks it)."""
+        bm, n = self.block_manager, len(request.token_ids)
         if bm.prefix is None:
             return 0
-        request.num_cached_tokens = n = len(bm.match_prefix(request.token_ids)) * bm.block_size
-        return n
+        if tiers and self.prefix_host is not None and n > bm.block_size:
+            found = len(bm.prefix.match_tiers(request.token_ids, (n - 1) // bm.block_size))
+        else:
+            found = len(bm.match_prefix(request.token_ids))
+        request.num_cached_tokens = found * bm.block_size
+        return request.num_cached_tokens
 
     def prefix_start(self, request: Request) -> int:
         """Where the request's next chunk starts if it is admitted now: its computed tokens,
@@ -103,6 +111,8 @@ class SchedulerState:
         bm = self.block_manager
         if computed or bm.prefix is None or request.status not in _ADMITTABLE:
             return computed
+        if self.prefix_host is not None:    # picked: its host-cached blocks upload now
+            prefix_host.fetch(self, request)
         request.cache_hint = hit = self.cached_tokens(request)
         return hit
 
@@ -114,6 +124,8 @@ class SchedulerState:
         rid = request.request_id
         if num_tokens is not None and not self._allocate(request, num_tokens):
             return False
+        if self.pinned_at.pop(rid, None) is not None:   # its table holds what it shares
+            self.block_manager.pins.release(rid)
         self._set_status(request, RequestStatus.RUNNING)
         self.running[rid] = request
         # Every policy puts what it admits into this iteration's batch, so the first admission
@@ -243,13 +255,14 @@ class SchedulerState:
 
     def prefix_upload_failed(self, block: int) -> None:
         """An upload into ``block`` failed: its KV is garbage, never to be served."""
+        self.block_manager.pins.drop_block(block)
         self.block_manager.prefix.drop(block)
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         # Finished requests leave the tracked set, so they drop out of the status counts.
-        # One held back for its host-cached prefix holds nothing: its uploads land as free
-        # cached blocks.
-        self.fetching.pop(request.request_id, None)
+        # One picked but not admitted holds pins only: its uploads land as free cached blocks.
+        if self.pinned_at.pop(request.request_id, None) is not None:
+            self.block_manager.pins.release(request.request_id)
         self.block_manager.free(request.request_id)
         self.running.pop(request.request_id, None)
         if request.status is RequestStatus.SWAPPED:
@@ -289,6 +302,8 @@ class SchedulerState:
         assert held + free + pending == self.num_host_blocks, (
             f"host blocks: {held} held + {free} free + {pending} pending or prefix-cached "
             f"!= {self.num_host_blocks}")
-        assert set(self.fetching) <= set(self.requests), "a gone request is held back"
+        pinned = set(self.block_manager.pins.of)
+        assert pinned <= set(self.pinned_at) <= set(self.requests), "pins of a gone request"
+        assert all(self.requests[r].status in _ADMITTABLE for r in pinned), "pins of a runner"
         live = Counter(r.status for r in self.requests.values())
         assert +self.counts == +live, f"status counts {dict(self.counts)} != {dict(live)}"

@@ -114,7 +114,7 @@ def test_an_abort_while_its_upload_is_in_flight_leaves_no_reference():
     kv.swap_in = swap_in
     uploaded = engine.stats().prefix_cache_host_hits - uploaded_before
     assert uploaded > 0
-    assert "t3" not in state.requests and not state.fetching
+    assert "t3" not in state.requests and not state.pinned_at and not len(state.block_manager.pins)
     assert not engine.scheduler.block_manager.owners()
     # The uploaded blocks landed as free cached blocks: the next turn finds them on the device.
     hits = engine.stats().prefix_cache_hits
