@@ -2,7 +2,8 @@
 predict each request when it arrives, observe it when it finishes (the run's own times), and
 print the rank correlation of predicted and real lengths per window of arrivals.
 
-    python3 -m evaluation.predictor.online_replay --run results/raw/alise_paper/sharegpt_opt-13b_alise.json \
+    python3 -m evaluation.predictor.online_replay \
+        --run results/raw/alise_paper/sharegpt_opt-13b_alise.json \
         --db results/raw/alise_paper/sharegpt_predictor_db --model opt-13b --rate 0.5 \
         [--no-observe] [--set observed_parity=25 --set probation_records=0 ...]
 
