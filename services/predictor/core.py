@@ -2,20 +2,19 @@
 
 predict: embed → top-k in the model's DB → if the best similarity ≥ s0, the similarity-
 weighted (geometric) mean of the neighbours' real lengths, else the MLP on the embedding, else
-a safe default. Between s0 - blend_width and s0 the two are blended in log length, the
-retrieval's weight rising linearly with the best similarity (blend_width 0: ALISE's hard
-switch). observe: DB.update with the real length, and learning the served model:
+a safe default; between s0 - blend_width and s0 the two blend in log length (blend_width 0:
+ALISE's hard switch). observe: DB.update with the real length, and learning the served model:
 
-* Seed shift. The DB and the MLP usually start from a data set of another model's replies.
-  Per model and source, a robust recency-weighted estimate of log(real / seed prediction)
-  (bias.py) moves seed neighbours' lengths and the seed-derived part of the MLP to the served
-  model's scale. It is measured against parts that only seed data shaped (seed neighbours,
-  the MLP trained on seed records alone), so it never chases its own corrections.
+* Seed shift. Seed records are usually another model's replies. Per model and source, a
+  robust recency-weighted estimate of log(real / seed prediction) (bias.py) moves seed
+  neighbours' lengths and the seed-derived part of the MLP to the served model's scale,
+  measured against parts only seed data shaped, so it never chases its own corrections.
 * Residual correction. The same estimate of log(real / prediction) per source corrects what
   remains, follows a served model's drift, and sets the upper quantile.
 * Observed completions outrank seed data (learning.py): seed neighbours weigh less as
-  observations accumulate, and the MLP is retrained with the observed records weighing most,
-  when enough new ones arrived or the seed shift moved.
+  observations accumulate, and the MLP is retrained with the observed records weighing most;
+  a retrained MLP is served only once it ranked later completions at least as well as the
+  served one (probation.py).
 """
 from __future__ import annotations
 
@@ -28,14 +27,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from services.predictor import learning, mlp, refit
-from services.predictor.learning import TrainingSet
+from services.predictor import learning, mlp, probation, refit
 from services.predictor.bias import BiasBook
 from services.predictor.config import PredictorConfig
 from services.predictor.embedder import Embedder
 from services.predictor.intake import RecentIds, check_prompt, screen
+from services.predictor.probation import Probation
 from services.predictor.retrieval import combine, seed_retrieval_log
-from services.predictor.store import EMPTY, LengthStore, Neighbours
+from services.predictor.store import EMPTY, LengthStore
 from services.predictor.types import Completion, ObserveResult, Prediction, PredictionError, Source
 
 log = logging.getLogger(__name__)
@@ -53,12 +52,12 @@ class _Batch:
     log_len: np.ndarray  # before the residual correction
     sources: list[Source]
     top: np.ndarray
-    # How much of each prediction the seed shifts (retrieval, MLP) moved, and their values.
-    coefs: np.ndarray  # (n, 2)
+    coefs: np.ndarray  # (n, 2): how much the seed shifts (retrieval, MLP) moved each one
     offsets: tuple[float, float]
     error: PredictionError | None
     seed_retrieval: np.ndarray | None = None  # seed neighbours alone, unshifted (nan: none)
     seed_mlp: np.ndarray | None = None  # the MLP trained on seed records alone (nan: none)
+    neighbours: list = dataclasses.field(default_factory=list)
 
 
 class Predictor:
@@ -71,6 +70,7 @@ class Predictor:
                                          encoder=self.embedder.encoder_id)
         self.mlps = mlp.MLPSlot()  # served
         self.seed_mlps = mlp.MLPSlot()  # trained on seed records alone
+        self.probation = Probation(config.probation_records)  # retrained MLPs not yet served
         self.seed_bias = BiasBook(config.bias)
         self.residuals = BiasBook(config.bias)
         # Called with a model name when a retrain is due; None retrains inline.
@@ -122,15 +122,7 @@ class Predictor:
 
     def _analyse(self, model: str, vectors: np.ndarray, seed_parts: bool = False) -> _Batch:
         neighbours, store_err = self._search(model, vectors)
-        offsets = (self.seed_bias.shift(model, Source.RETRIEVAL.value),
-                   self.seed_bias.shift(model, Source.MLP.value))
-        mlp_log, share = self._mlp_log(model, vectors, offsets[1])
-        w_seed = learning.seed_weight(self.num_observed(model), self.config.observed_parity)
-        rows = [self._combine(nb, None if mlp_log is None else float(mlp_log[i]), share,
-                              offsets[0], w_seed) for i, nb in enumerate(neighbours)]
-        log_len, sources, top, coef_ret, coef_mlp = zip(*rows) if rows else ((),) * 5
-        batch = _Batch(np.array(log_len, float), list(sources), np.array(top, float),
-                       np.column_stack([coef_ret, coef_mlp]).reshape(-1, 2), offsets, store_err)
+        batch = self._rows(model, vectors, neighbours, store_err, self.mlps.get(model))
         if not seed_parts:
             return batch
         floor = self.config.similarity_threshold - max(0.0, self.config.blend_width)
@@ -138,6 +130,23 @@ class Predictor:
         return dataclasses.replace(
             batch, seed_retrieval=np.array([seed_retrieval_log(nb, floor) for nb in neighbours]),
             seed_mlp=np.full(len(vectors), np.nan) if seed is None else seed.predict_log(vectors))
+
+    def _rows(self, model: str, vectors: np.ndarray, neighbours: list, store_err,
+              weights: mlp.MLPWeights | None) -> _Batch:
+        """The predictions of `vectors` from their neighbours and the MLP `weights`."""
+        offsets = (self.seed_bias.shift(model, Source.RETRIEVAL.value),
+                   self.seed_bias.shift(model, Source.MLP.value))
+        mlp_log, share = self._mlp_log(weights, vectors, offsets[1])
+        w_seed = learning.seed_weight(self.num_observed(model), self.config.observed_parity)
+        rows = [combine(self.config, nb, None if mlp_log is None else float(mlp_log[i]), share,
+                        offsets[0], w_seed) for i, nb in enumerate(neighbours)]
+        log_len, sources, top, coef_ret, coef_mlp = zip(*rows) if rows else ((),) * 5
+        return _Batch(np.array(log_len, float), list(sources), np.array(top, float),
+                      np.column_stack([coef_ret, coef_mlp]).reshape(-1, 2), offsets, store_err,
+                      neighbours=list(neighbours))
+
+    def _combine(self, *args) -> tuple:  # (nb, mlp_log, mlp_share, seed_shift, seed_w)
+        return combine(self.config, *args)
 
     def _search(self, model: str, vectors: np.ndarray):
         try:
@@ -148,20 +157,15 @@ class Predictor:
             log.warning("vector DB search failed: %s", exc)
             return [EMPTY] * len(vectors), PredictionError("UNAVAILABLE", f"vector DB: {exc}")
 
-    def _mlp_log(self, model: str, vectors: np.ndarray,
+    def _mlp_log(self, weights: mlp.MLPWeights | None, vectors: np.ndarray,
                  seed_shift: float) -> tuple[np.ndarray | None, float]:
-        """The served MLP's log lengths and the share of them seed records shaped."""
-        weights = self.mlps.get(model)
+        """An MLP's log lengths and the share of them seed records shaped."""
         if weights is None:
             return None, 0.0
         # Its seed targets were moved by the shift estimated when it was trained; the part of
         # its output that seed records shaped follows the estimate until the next retrain.
         moved = (seed_shift - weights.seed_shift) * weights.seed_share
         return weights.predict_log(vectors) + moved, weights.seed_share
-
-    def _combine(self, nb: Neighbours, mlp_log: float | None, mlp_share: float,
-                 seed_shift: float, seed_w: float) -> tuple:
-        return combine(self.config, nb, mlp_log, mlp_share, seed_shift, seed_w)
 
     def _make(self, model: str, log_len: float, source: Source, top: float,
               offsets: tuple = (), error: PredictionError | None = None) -> Prediction:
@@ -226,6 +230,7 @@ class Predictor:
                 self._observed.pop(model)  # recounted on next use
             # Keyed by DB point: a flood of one prompt holds one residual, not thousands.
             keys = np.array(result.ids, object)
+            probation.judge(self, model, vectors, batch, np.log1p(real), result.ids)
             self._add_residuals(model, batch, np.log1p(real), keys)
             for source, pred in ((Source.RETRIEVAL, batch.seed_retrieval),
                                  (Source.MLP, batch.seed_mlp)):
@@ -274,8 +279,8 @@ class Predictor:
         last = self._trained.get(model, learning.TrainedAt())
         shift = self.seed_bias.shift(model, Source.MLP.value)
         reason = learning.retrain_due(self.config, self.num_observed(model), last, shift)
-        if reason is None:
-            return
+        if reason is None or self.probation.candidate(model) is not None:
+            return  # not due, or one on probation is judged first
         # Marked now, not when the new MLP arrives: a retrain in flight is not asked for again.
         self._trained[model] = learning.TrainedAt(self.num_observed(model), shift)
         self.stats["retrains"] += 1
@@ -283,10 +288,9 @@ class Predictor:
         self._trigger_retrain(model)
 
     def _ask_refit(self) -> bool:
-        if not self.refits.ask(self.config, sum(self._observed.values())):
-            return False
-        self.stats["refits"] += 1
-        return True
+        asked = self.refits.ask(self.config, sum(self._observed.values()))
+        self.stats["refits"] += asked
+        return asked
 
     def take_refit(self) -> bool:
         """Whether a refit was asked for; the caller then runs it (`refit.refit_encoder`)."""
@@ -317,7 +321,7 @@ class Predictor:
         with self._lock:
             return self.store.export(model)
 
-    def training_set(self, model: str) -> TrainingSet:
+    def training_set(self, model: str) -> learning.TrainingSet:
         return learning.training_set(*self.export(model),
                                      self.seed_bias.shift(model, Source.MLP.value),
                                      self.config.observed_parity)
@@ -350,9 +354,11 @@ class Predictor:
             if seed is not None:
                 self.seed_mlps.swap(model, *seed)
         module = mlp.train(data.vectors, data.lengths, self.config.mlp, data.weights, stop)
+        if probation.offer(self, model, module, data):  # served once it ranks new ones as well
+            return self.mlps.version(model)
         return self.install_mlp(model, module, len(data.vectors), data)
 
-    def seed_module(self, data: TrainingSet, stop: threading.Event | None = None
+    def seed_module(self, data: learning.TrainingSet, stop: threading.Event | None = None
                     ) -> tuple | None:
         """(MLP trained on the seed records alone, their number), None if they are too few."""
         seed = ~data.observed
@@ -361,16 +367,8 @@ class Predictor:
         lengths = np.expm1(np.log1p(data.lengths[seed]) - data.seed_shift)
         return mlp.train(data.vectors[seed], lengths, self.config.mlp, stop=stop), int(seed.sum())
 
-    def install_refitted(self, model: str, module, seed: tuple | None,
-                         data: TrainingSet) -> None:
-        """Serve MLPs trained on a refitted encoder's vectors (the caller swaps the encoder
-        and the DB's vectors with them, under the lock)."""
-        if seed is not None:
-            self.seed_mlps.swap(model, *seed)
-        self.install_mlp(model, module, len(data.vectors), data)
-
     def install_mlp(self, model: str, module, num_records: int,
-                    data: TrainingSet | None = None) -> int:
+                    data: learning.TrainingSet | None = None) -> int:
         """Serve `module`, trained on `data` (None: on seed records alone, as build does)."""
         n_obs = 0 if data is None else data.num_observed
         shift = 0.0 if data is None else data.seed_shift
@@ -381,10 +379,12 @@ class Predictor:
         self._trained[model] = learning.TrainedAt(n_obs, shift)
         return version
 
-    def load_mlp(self, model: str, path: str, data: TrainingSet | None = None) -> int:
-        """Serve weights from a file: trained on `data`, or by build on seed records alone."""
-        module, n = mlp.load(path, input_dim=self.embedder.dim,
-                             encoder=self.embedder.encoder_id)
+    def load_mlp(self, model: str, path: str, data: learning.TrainingSet | None = None) -> int:
+        """Serve weights from a file: trained on `data` (a retrain: on probation first, as
+        `retrain`), or by build on seed records alone."""
+        module, n = mlp.load(path, input_dim=self.embedder.dim, encoder=self.embedder.encoder_id)
+        if data is not None and probation.offer(self, model, module, data):
+            return self.mlps.version(model)
         return self.install_mlp(model, module, n, data)
 
     def calibrate(self, model: str, prompts: Sequence[str], lengths: Sequence[int]) -> None:

@@ -167,7 +167,7 @@ def refit_encoder(predictor, stop: threading.Event | None = None) -> str | None:
             predictor.embedder = embedder
             for m, parts in trained.items():
                 if parts is not None:
-                    predictor.install_refitted(m, *parts)
+                    _install(predictor, m, *parts)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
@@ -210,6 +210,16 @@ def _train(predictor, model: str, rec: StoredRecords, vectors: dict, stop
                                      predictor.config.observed_parity)
     module = mlp.train(data.vectors, data.lengths, predictor.config.mlp, data.weights, stop)
     return module, predictor.seed_module(data, stop), data
+
+
+def _install(predictor, model: str, module, seed: tuple | None, data: TrainingSet) -> None:
+    """Serve MLPs trained on the refitted encoder's vectors (the caller swaps the encoder and
+    the DB's vectors with them, under the predictor's lock); one waiting on probation was
+    trained on the old encoder's vectors and is dropped."""
+    if seed is not None:
+        predictor.seed_mlps.swap(model, *seed)
+    predictor.probation.drop(model)
+    predictor.install_mlp(model, module, len(data.vectors), data)
 
 
 def _check(stop: threading.Event | None) -> None:
