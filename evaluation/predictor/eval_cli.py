@@ -9,14 +9,8 @@ import logging
 import numpy as np
 
 from evaluation.predictor.eval_vectors import VectorReuse
-from services.predictor.__main__ import (
-    add_common,
-    add_data_args,
-    add_finetune_args,
-    config_from_args,
-    finetune_config,
-    load_split,
-)
+from services.predictor.__main__ import add_common, add_data_args, config_from_args, load_split
+from services.predictor.encoder_build import add_finetune_args, finetune_config
 from services.predictor.config import StoreConfig
 from services.predictor.embedder import resolve_precision
 

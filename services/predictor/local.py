@@ -200,7 +200,8 @@ def build_from_db(model: str, db_dir: str | Path) -> EmbeddedPredictor:
     learns from served requests in a private copy, so ``DIR`` itself never changes and every
     engine given it starts from the same state (benchmarks replay the same prompts at every
     rate; a shared DB would have learnt their lengths)."""
-    from services.predictor.__main__ import encoder_beside_db, mlp_path
+    from services.predictor.__main__ import mlp_path
+    from services.predictor.encoder_build import encoder_beside_db
     from services.predictor.config import EmbedderConfig, PredictorConfig, StoreConfig
     from services.predictor.core import Predictor
 

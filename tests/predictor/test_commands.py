@@ -55,7 +55,7 @@ def args_config(db):
     (["--qdrant-path", ":memory:", "--encoder-out", "/tmp/enc"], 5000, 2),
 ])
 def test_build_fine_tunes_the_encoder_by_default_with_enough_records(argv, records, epochs):
-    from services.predictor.__main__ import build_finetune_epochs
+    from services.predictor.encoder_build import build_finetune_epochs
 
     args = _parse(["predictor", "build", "--dataset-name", "sharegpt", "--dataset-path", "x",
                    "--qdrant-path", "/tmp/db", *argv])
