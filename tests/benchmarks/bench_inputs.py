@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 from pathlib import Path
 
 from benchmarks import stamp
+
+_ONE_AT_A_TIME = threading.Lock()
 
 
 def section_count(text: str, name: str) -> int:
@@ -42,21 +45,22 @@ def tiny_alpaca(path: Path, n: int = 16) -> Path:
 
 def in_process(monkeypatch) -> None:
     """``benchmarks.runs.lenserve`` in this process (``lenserve.cli.main``, its output into the
-    log) instead of a new interpreter per command: a quick benchmark's dozen commands then pay
-    their imports and the embedding model's load once. Only for benchmarks that run their
-    commands one at a time (stdout is redirected process-wide)."""
+    log) instead of a new interpreter per command: a quick benchmark's commands then pay their
+    imports (torch, the embedding model) once. Commands a benchmark runs on several threads
+    take turns (stdout is redirected process-wide)."""
     import contextlib
     import os
+    import time
 
     from benchmarks import runs
     from lenserve import cli
 
     def run(args: list[str], log: Path) -> float:
         log.parent.mkdir(parents=True, exist_ok=True)
-        here = os.getcwd()
-        with open(log, "w") as out, contextlib.redirect_stdout(out), \
+        t0, here = time.perf_counter(), os.getcwd()
+        with _ONE_AT_A_TIME, open(log, "w") as out, contextlib.redirect_stdout(out), \
                 contextlib.redirect_stderr(out):
-            os.chdir(runs.REPO)
+            os.chdir(runs.REPO)     # result paths are relative to the checkout, as when pasted
             try:
                 code = cli.main(list(args))
             except SystemExit as exit_:
@@ -65,6 +69,6 @@ def in_process(monkeypatch) -> None:
                 os.chdir(here)
         if code != 0:
             raise runs.CommandFailed(f"{runs.shown(args)} failed (exit {code}); see {log}")
-        return 0.0
+        return time.perf_counter() - t0
 
     monkeypatch.setattr(runs, "lenserve", run)

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-_ONE_AT_A_TIME = threading.Lock()
 sys.path.insert(0, str(REPO))
 
-from benchmarks import output, page, runs  # noqa: E402
+from benchmarks import output, page  # noqa: E402
 from tests.benchmarks.bench_inputs import (  # noqa: E402
     bench_run,
     cpu_stamp,
@@ -111,27 +109,6 @@ def test_econoserve_paper_quick_reports_sustained_rates_and_paper_metrics(tmp_pa
     assert "--policy-config padding_ratio=0 buffer_ratio=0" in text
 
 
-def _in_process(args: list[str], log: Path) -> float:
-    """``runs.lenserve`` without a new interpreter per command (each one would import torch
-    again: most of the quick run's time); one at a time, output into ``log``."""
-    import contextlib
-    import os
-    import time
-
-    from lenserve import cli
-    log.parent.mkdir(parents=True, exist_ok=True)
-    t0, cwd = time.perf_counter(), os.getcwd()
-    with _ONE_AT_A_TIME, open(log, "w") as out, contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(out):
-        os.chdir(REPO)          # result paths are relative to the checkout, as when pasted
-        try:
-            code = cli.main(list(args))
-        finally:
-            os.chdir(cwd)
-    assert code == 0, log.read_text()[-2000:]
-    return time.perf_counter() - t0
-
-
 def test_prefix_caching_quick_runs_both_parts_and_publishes_one_section(tmp_path, monkeypatch):
     """--quick end to end with the fake model for the real-engine part (no timing), the
     simulator on the first requests of the Mooncake trace (a tiny stand-in when the public
@@ -141,7 +118,7 @@ def test_prefix_caching_quick_runs_both_parts_and_publishes_one_section(tmp_path
 
     from benchmarks import prefix_caching
     from services.executor.models import naming
-    monkeypatch.setattr(runs, "lenserve", _in_process)
+    in_process(monkeypatch)
     # The Mooncake runs synthesise prompts in the preset tokenizer's vocabulary: load it once.
     monkeypatch.setattr(naming, "preset_tokenizer", functools.cache(naming.preset_tokenizer))
     trace = prefix_caching.MOONCAKE
