@@ -8,7 +8,7 @@ from pathlib import Path
 
 # The page's order of sections; a section is placed by it the first time it is written.
 ORDER = ("policies_simulated", "econoserve_paper", "econoserve_real", "alise_paper",
-         "fluidinfer", "prefix_caching", "router", "policies_cpu", "predictor_accuracy",
+         "alise_gpu", "fluidinfer", "prefix_caching", "router", "policies_cpu", "predictor_accuracy",
          "executor_cpu", "model_families", "model_families_cuda", "sampling_cost",
          "parallel_sampling")
 

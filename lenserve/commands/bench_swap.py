@@ -60,6 +60,9 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--codec-layers", type=_positive, default=None,
+                   help="layers the INT8 codec quantizes per pass (default: as many as a "
+                        "bounded temporary holds; 1: one layer at a time)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.set_defaults(func=run)
 
@@ -80,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     result = {"model": args.model, "dtype": args.dtype, "device": args.device,
               "num_blocks": args.num_blocks, "blocks_per_request": args.blocks_per_request,
+              "codec_layers": args.codec_layers,
               "cpu_threads": torch.get_num_threads()}
     result.update(bench_bandwidth(args))
     if args.agreement_model:
@@ -99,6 +103,7 @@ def bench_bandwidth(args: argparse.Namespace) -> dict:
     executor = InProcessExecutor(loaded, block_size=args.block_size,
                                  num_gpu_blocks=args.num_blocks, device=args.device)
     executor.kv.cache.normal_()
+    executor.kv.codec_layers = args.codec_layers
     info = executor.model_info()
     layout = BlockLayout.from_model_info(info)
     out = {"device_block_bytes": layout.device_block_bytes,

@@ -13,6 +13,10 @@ import torch
 from lenserve_contract.sampling_params import InvalidRequestError
 from services.kvmanager import int8
 
+# The most KV elements (all layers of a chunk, K and V) the INT8 codec takes in one pass: its
+# fp32 temporaries are a few times this in bytes (a few hundred MB at most).
+CODEC_CHUNK_ELEMENTS = 1 << 24
+
 
 class KVCachePool:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
@@ -27,6 +31,9 @@ class KVCachePool:
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.scratch_block = num_blocks if scratch else None
+        # Layers the INT8 codec takes per pass; None: as many as CODEC_CHUNK_ELEMENTS allows
+        # (``lenserve bench-swap --codec-layers`` sets it to compare).
+        self.codec_layers: int | None = None
         physical = num_blocks + int(scratch)
         self.cache = torch.zeros((num_layers, 2, physical, block_size, num_kv_heads, head_dim),
                                  dtype=dtype, device=device)
@@ -125,10 +132,10 @@ class KVCachePool:
         direct = out is not None and out.device == device
         buf = out[:nbytes] if direct else torch.empty(nbytes, dtype=torch.uint8, device=device)
         views, idx = self._packed(buf, n), torch.tensor(block_ids, device=device)
-        for layer in range(self.num_layers):
-            q = int8.quantize(self.cache[layer].index_select(1, idx), num_tokens)
+        for first, last in self._layer_chunks(n):
+            q = int8.quantize(self.cache[first:last].index_select(2, idx), num_tokens)
             for dst, src in zip(views, q):
-                dst[layer].copy_(src)
+                dst[first:last].copy_(src)
         if direct:
             return out
         if out is None:
@@ -143,9 +150,19 @@ class KVCachePool:
         n, device = len(block_ids), self.cache.device
         buf = data[:self.packed_nbytes(n)].to(device, non_blocking=True)
         views, idx = self._packed(buf, n), torch.tensor(block_ids, device=device)
-        for layer in range(self.num_layers):
-            q = int8.QuantizedBlocks(*(v[layer] for v in views))
-            self.cache[layer].index_copy_(1, idx, int8.dequantize(q, self.cache.dtype))
+        for first, last in self._layer_chunks(n):
+            q = int8.QuantizedBlocks(*(v[first:last] for v in views))
+            self.cache[first:last].index_copy_(2, idx, int8.dequantize(q, self.cache.dtype))
+
+    def _layer_chunks(self, num_blocks: int):
+        """Layers coded together: each of the codec's ops then runs once per chunk instead of
+        once per layer (on a GPU, launches rather than bytes set the time of a request's
+        swap), while its fp32 temporaries stay within ``CODEC_CHUNK_ELEMENTS``."""
+        per_layer = 2 * num_blocks * self.block_size * self.num_kv_heads * self.head_dim
+        step = self.codec_layers or max(1, min(self.num_layers,
+                                                CODEC_CHUNK_ELEMENTS // max(1, per_layer)))
+        for first in range(0, self.num_layers, step):
+            yield first, min(first + step, self.num_layers)
 
 
 def _runs(block_ids: list[int]):

@@ -141,3 +141,24 @@ def test_the_pool_quantizes_before_the_copy_and_the_bytes_are_the_packed_form():
     valid = (torch.arange(len(ids) * 16) < tokens).view(len(ids), 16, 1, 1)
     err = (pool.cache[:, :, ids].float() - original).abs().where(valid, 0.0)
     assert (err <= element_scale(q) * 1.01).all() and not pool.cache[:, :, ids].isnan().any()
+
+
+@pytest.mark.parametrize("chunk_layers", [1, 2])
+def test_layers_coded_in_chunks_give_the_bytes_of_one_pass(monkeypatch, chunk_layers):
+    """The pool codes several layers per pass (fewer launches on a GPU); a chunk boundary
+    anywhere must leave the packed bytes and the blocks that come back unchanged."""
+    from services.executor import kv_cache
+    pool = KVCachePool(3, 24, 16, 2, 8, torch.bfloat16)
+    pool.cache.copy_(torch.randn(pool.cache.shape) * 3)
+    ids, tokens = [5, 1, 7, 3, 9, 11, 13, 15, 17, 2], 9 * 16 + 4
+    whole = pool.export_blocks_int8(ids, tokens)
+    per_layer = 2 * len(ids) * 16 * 2 * 8
+    monkeypatch.setattr(kv_cache, "CODEC_CHUNK_ELEMENTS", chunk_layers * per_layer)
+    assert list(pool._layer_chunks(len(ids)))[0] == (0, chunk_layers)
+    chunked = pool.export_blocks_int8(ids, tokens)
+    assert torch.equal(whole, chunked)
+    pool.import_blocks_int8(ids, chunked)
+    back_chunked = pool.cache[:, :, ids].clone()
+    monkeypatch.setattr(kv_cache, "CODEC_CHUNK_ELEMENTS", 1 << 30)
+    pool.import_blocks_int8(ids, whole)
+    assert torch.equal(pool.cache[:, :, ids], back_chunked)
