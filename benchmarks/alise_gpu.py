@@ -31,8 +31,7 @@ from benchmarks import figures, output, runs, stamp, tables
 NAME = "alise_gpu"
 SIGMA = 0.58            # the embedded predictor's log-normal error (alise_runs.NOISE)
 FULL = {"swap": {"model": "smollm-360m", "cases": [("bfloat16", 2000, 100),
-                                                   ("bfloat16", 2000, 16),
-                                                   ("float32", 1000, 100)], "repeats": 5},
+                                                   ("bfloat16", 2000, 16)], "repeats": 3},
         "serve": {"model": "smollm-360m", "dtype": "bfloat16", "prompts": 200,
                   "rates": [16, 8, 32], "blocks": 400, "max_model_len": 2048,
                   "swap_gib": 8, "no_ahead_rate": 16}}

@@ -53,3 +53,19 @@ def test_swap_out_reads_what_the_compute_stream_queued_before_it():
     manager.swap_in("r", [6]).wait()
     assert torch.equal(pool.cache[:, :, 6].cpu(), expected)
     manager.close()
+
+
+def test_a_strided_host_run_is_exported_and_imported_exactly():
+    """A run of blocks of a host pool laid out [layers, 2, blocks, ...] is a strided view: the
+    pool copies it one [layer, k] slice at a time (each contiguous), and the bytes are exact."""
+    pool = cuda_pool(torch.bfloat16)
+    host = torch.zeros((pool.num_layers, 2, 10, *pool.cache.shape[3:]), dtype=pool.cache.dtype,
+                       pin_memory=True)
+    run = host[:, :, 3:7]
+    assert not run.is_contiguous() and run[0, 0].is_contiguous()
+    ids = [9, 2, 30, 17]
+    pool.export_blocks(ids, out=run)
+    assert torch.equal(run, pool.cache[:, :, ids].cpu())
+    assert not host[:, :, :3].any() and not host[:, :, 7:].any()
+    pool.import_blocks([0, 1, 5, 6], run)
+    assert torch.equal(pool.cache[:, :, [0, 1, 5, 6]].cpu(), pool.cache[:, :, ids].cpu())
