@@ -1,7 +1,8 @@
 """EconoServe at its paper's setting, in virtual time: ``lenserve simulate`` on the roofline
 cost model of an A100-80GB serving OPT-13B with a 12 GiB KV budget (491 blocks of 32 tokens,
 about 15.7k tokens) and the paper's baselines on the same engine: ``vllm-v0`` (the vLLM the
-paper ran), ``vllm`` (V1), ``sarathi``, and ``oracle``. ShareGPT and Alpaca, Poisson arrivals,
+paper ran), ``vllm`` (V1), ``sarathi``, ``multires`` (the paper's MultiRes: exact allocation
+without time-synced groups), and ``oracle``. ShareGPT and Alpaca, Poisson arrivals,
 seed 0, every policy given the true output lengths (``--predictor oracle``; the paper used a
 fine-tuned OPT-13B predictor), EconoServe's JCT SLO at scale 2.
 
@@ -30,7 +31,7 @@ if __package__ in (None, ""):       # run as a script: the repository root holds
 from benchmarks import figures, output, runs, stamp, tables
 
 NAME = "econoserve_paper"
-POLICIES = ("vllm-v0", "vllm", "sarathi", "econoserve", "oracle")
+POLICIES = ("vllm-v0", "vllm", "sarathi", "multires", "econoserve", "oracle")
 EXACT = ("econoserve-exact", ["padding_ratio=0", "buffer_ratio=0"])
 ORDER = (*POLICIES, EXACT[0])
 ALPACA = runs.SHAREGPT.parent / "alpaca_data_1k_random_subset.json"
@@ -158,7 +159,7 @@ def summary_text(found: dict, rates: dict, params: dict, bounds: dict) -> str:
     target = f"NL <= {NL_SLOS[0]:g}"
     for dataset, by_policy in rates.items():
         cells = []
-        for p in ("econoserve", EXACT[0]):
+        for p in ("econoserve", EXACT[0], "multires"):
             e = by_policy[p][target][0]
             cells.append(f"`{p}` {e / by_policy['vllm-v0'][target][0]:.2f}x `vllm-v0`, "
                          f"{e / by_policy['sarathi'][target][0]:.2f}x `sarathi`")

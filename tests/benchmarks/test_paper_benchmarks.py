@@ -100,10 +100,14 @@ def test_econoserve_paper_quick_reports_sustained_rates_and_paper_metrics(tmp_pa
     assert {r["policy"] for r in record["runs"]["sharegpt"]} == set(econoserve_paper.ORDER)
     assert set(record["sustained"]["alpaca"]["econoserve"]) == {"NL <= 0.05", "NL <= 0.1",
                                                                 "SSR >= 90%"}
+    assert "multires" in econoserve_paper.ORDER
+    assert {r["policy"] for r in record["runs"]["alpaca"]} == set(econoserve_paper.ORDER)
+    assert set(record["sustained"]["sharegpt"]) == set(econoserve_paper.ORDER)
     assert record["packing_bound_req_s"]["sharegpt"] > 0
     text = out.page.read_text()
     assert section_count(text, "econoserve_paper") == 1
     assert "x vllm-v0" in text and "scheduler share of JCT" in text
+    assert "| multires |" in text and "`multires`" in text
     assert "KV lent to guests" in text and "allocation failures" in text
     assert "--block-size 32 --num-gpu-blocks 491" in text
     assert "--policy-config padding_ratio=0 buffer_ratio=0" in text

@@ -61,3 +61,26 @@ def test_prefilled_gts_waiting_for_kv_hold_no_more_than_the_reserve_by_default()
                            for r in s.policy.gts.ordered() if r.num_output_tokens <= 1))
     assert all(r.num_output_tokens == 60 for r in shorts)
     assert s.policy.waiting_cap == 1 and max(waiting) <= s.policy.reserved_blocks + 1 == 3
+
+
+def test_the_projection_from_its_block_steps_equals_the_sum_of_every_gts_use():
+    """``projection`` builds the summed use from the iterations where a GT takes a block; it
+    must give, at every iteration, the sum of ``blocks_for(min(n + t, target))`` over the GTs
+    whose span has not ended (a prompt past its target, spans shorter than the remainder and
+    block sizes of 1 included)."""
+    import numpy as np
+
+    from services.scheduler.policies.econo_pool import projection
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        gts = int(rng.integers(1, 12))
+        bs = int(rng.choice([1, 4, 16, 32]))
+        n = rng.integers(1, 600, gts)
+        target = n + rng.integers(-3, 700, gts)
+        span = np.maximum(target - n, 1) + rng.integers(0, 120, gts)
+        span = np.where(rng.random(gts) < 0.2, rng.integers(1, 5, gts), span)
+        want = np.zeros(int(span.max()), dtype=np.int64)
+        for ni, ti, si in zip(n, target, span):
+            want[:si] += -(-np.minimum(ni + np.arange(si), ti) // bs)
+        got = projection(n, target, span, bs)
+        assert got.dtype == np.int64 and np.array_equal(got, want), trial

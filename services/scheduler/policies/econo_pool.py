@@ -30,6 +30,26 @@ _RUNNING = RequestStatus.RUNNING
 _BACKFILL_STEPS = 64     # size-index steps per selection while the head waits
 
 
+def projection(n: np.ndarray, target: np.ndarray, span: np.ndarray, block_size: int) -> np.ndarray:
+    """Sum over GTs of ``blocks_for(min(n + t, target))`` for ``t < span`` (0 after), for
+    ``t`` in ``[0, max(span))``: what ``_use`` of each GT, added up, gives. Built from the
+    iterations where a GT's use changes (it starts, takes one more block, ends) and one
+    cumulative sum, so the work is per block a GT will take, not per iteration it will run:
+    a block holds ``block_size`` tokens, so about ``block_size`` times fewer entries than the
+    projection's iterations summed over GTs."""
+    first = -(-np.minimum(n, target) // block_size)                   # blocks at t = 0
+    last = -(-np.minimum(n + span - 1, target) // block_size)         # at t = span - 1
+    steps = last - first          # one more block at t where n + t = k * block_size + 1
+    k = np.repeat(first, steps) + (np.arange(int(steps.sum()), dtype=np.int64)
+                                   - np.repeat(np.cumsum(steps) - steps, steps))
+    at = k * block_size + 1 - np.repeat(n, steps)
+    length = int(span.max())
+    diff = np.bincount(at, minlength=length + 1)[:length + 1].astype(np.int64)
+    diff[0] += int(first.sum())
+    diff -= np.bincount(span, weights=last, minlength=length + 1).astype(np.int64)
+    return np.cumsum(diff[:length])
+
+
 class PoolLendingMixin:
     # Provided by the policy: options, model, active, prefilling, reserved_blocks.
 
@@ -46,7 +66,7 @@ class PoolLendingMixin:
         """The running GTs' summed projection and the blocks GTs may use: the pool less the
         blocks of tasks not decoding (waiting GTs, prefilling prompts) and the part of the
         reserve the prompts have not taken. The projection is ``_use`` of every running GT,
-        summed in one pass over all their iterations (one array op, not one per GT)."""
+        summed by ``projection`` from the iterations where it changes."""
         ns, targets, active_held = [], [], 0
         for rid, req in self.active.items():
             if req.status is not _RUNNING:
@@ -58,10 +78,7 @@ class PoolLendingMixin:
             n, target = np.array(ns, dtype=np.int64), np.array(targets, dtype=np.int64)
             remaining = np.maximum(target - n, 1)
             span = remaining + (self.options.buffer_ratio * remaining).astype(np.int64)
-            t = np.arange(int(span.sum()), dtype=np.int64) - np.repeat(np.cumsum(span) - span,
-                                                                        span)
-            tokens = np.minimum(np.repeat(n, span) + t, np.repeat(target, span))
-            prof = np.bincount(t, weights=-(-tokens // bm.block_size)).astype(np.int64)
+            prof = projection(n, target, span, bm.block_size)
         else:
             prof = np.zeros(1, dtype=np.int64)
         prefilling = sum(bm.num_blocks_of(rid) for rid in self.prefilling)
