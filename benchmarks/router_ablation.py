@@ -54,6 +54,7 @@ def _plus_count(tokens_per_request: int):
 
 
 VARIANTS = {
+    "share-only": projected_kv_share,       # the projected share alone, no time-model stage
     "count-no-since": lambda r, p: _no_since_count(r),      # least-loaded, blind between reports
     "pool-now": _pool_now,                                  # horizon 0
     "pool-now-no-since": _pool_now_no_since,

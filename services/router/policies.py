@@ -15,7 +15,10 @@
   as one serving long conversations. Placements since the last report count at once (their
   prompts and predicted outputs), so a burst between reports spreads instead of herding.
   With prefix affinity (``RouterCore``'s, on unless the spec says ``:no-prefix``), the prompt
-  tokens a replica likely holds cached need no new KV there.
+  tokens a replica likely holds cached need no new KV there. Among the replicas within
+  ``band`` of the lowest projected share, the one with most of the prompt cached, then the
+  one where the request's tokens would come fastest by the replica's time model: the decode
+  step of its projected batch.
 * ``prefix-affinity``: the replica with the most of the prompt's leading blocks cached (within
   the core's load bound), ties to the fewest unfinished requests: llm-d's and Dynamo's
   overlap-then-load routing, with no length prediction.
@@ -79,12 +82,49 @@ class LengthAware(RouterPolicy):
     needs_prediction = True
     uses_prefix = True
 
-    def __init__(self, horizon_steps: int = 16) -> None:
+    def __init__(self, horizon_steps: int = 16, band: float = 0.1) -> None:
         super().__init__()
-        self.horizon_steps = horizon_steps
+        self.horizon_steps, self.band = horizon_steps, band
+
+    def choose(self, replicas: Sequence[ReplicaView], placement: Placement) -> ReplicaView:
+        """The pools projected to hold the least KV (within ``band`` of the lowest share), then
+        among them the one likely to hold most of the prompt cached (prefix affinity), then
+        the fastest step, ties in rotation.
+
+        Why two stages: the projected share alone (the old score) set the lead in P99 time
+        to first token, but it balances KV, not requests, and a step's time grows with the
+        requests in it (``beta``, and the fixed cost ``c`` the rates fold in, per request):
+        every request on a replica pays its step, so the normalized latency, a mean over
+        requests, pays for the spread of their counts. In the simulator (Llama-2-7B on
+        A100s, ShareGPT, ``alise`` inside, seed 0) the share alone spread the replicas'
+        unfinished requests with a coefficient of variation of 0.15-0.16 at 16 replicas
+        against ``least-loaded``'s 0.02, and kept the normalized latency under 0.025 s/token
+        to 220.7 req/s against 226.4 (95.4 against 97.2 at 8 replicas); this band halves the
+        spread (0.08) and reaches 224.6 (97.2 at 8), keeping most of the TTFT lead (163.5
+        req/s under P99 <= 1 s against 159.9 and the share alone's 165.3). A band of 0.2
+        lost the TTFT lead at 8 replicas (76.3 req/s against 76.2); 0.02 and 0.05 kept less
+        of the NL gain."""
+        n, start = len(replicas), self._turn
+        self._turn += 1
+        shares = [projected_kv_share(r, placement, self.horizon_steps) for r in replicas]
+        bound = min(shares) + self.band
+        best = min((i for i in range(n) if shares[i] <= bound),
+                   key=lambda i: (-placement.cached_on(replicas[i].name),
+                                  step_time_s(replicas[i], shares[i]), shares[i],
+                                  (replicas[i].index - start) % max(n, 1)))
+        return replicas[best]
 
     def score(self, replica, placement) -> float:
         return projected_kv_share(replica, placement, self.horizon_steps)
+
+
+def step_time_s(replica: ReplicaView, share: float) -> float:
+    """One decode step of ``replica``'s batch with one more request, by its time model: the
+    KV it reads (the projected share of the pool) at ``alpha`` a token, and ``beta + c`` a
+    request (the rates the replica reports once fitted; the scheduler's prior, a count of
+    requests, before)."""
+    _, alpha, beta = replica.rates()
+    return alpha * share * replica.kv_capacity_tokens() + beta * (replica.num_requests() + 1)
 
 
 def projected_kv_share(replica: ReplicaView, p: Placement, horizon_steps: int = 16) -> float:
@@ -101,7 +141,8 @@ def projected_kv_share(replica: ReplicaView, p: Placement, horizon_steps: int = 
     report most of it was lost; a horizon of 16 steps (a few reports' worth) did better than
     none, 32 or 64 on most runs tried; adding a count of requests made it worse; a sum of
     predicted remaining work, or a wait plus decode time through each replica's fitted time
-    model, trailed ``least-loaded`` on P99 TTFT. Pure arithmetic on the report: a few
+    model, trailed ``least-loaded`` on P99 TTFT as the whole score (``LengthAware`` uses the
+    time model only among the pools this share ranks alike). Pure arithmetic on the report: a few
     microseconds a replica."""
     load = replica.load
     if load is None:

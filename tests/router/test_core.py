@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.router.core import NoReplica, Placement, RouterCore
-from services.router.policies import make_router_policy
+from services.router.policies import make_router_policy, projected_kv_share
 from services.scheduler.load import ReplicaLoad
 from services.scheduler.scheduler import SchedulerStats
 
@@ -112,3 +112,26 @@ def test_length_aware_avoids_the_pool_a_long_running_decode_set_will_fill():
     assert core_with("least-loaded", **reports).place(Placement("r", 100, 300)).name == "a"
     core = core_with("length-aware", **reports)
     assert [core.place(Placement(f"r{i}", 100, 300)).name for i in range(3)] == ["b"] * 3
+
+
+def test_length_aware_takes_the_smaller_batch_among_pools_projected_alike():
+    # 1,536-block pools, fitted rates of a simulated A100 (a step costs 1.7 us per token of
+    # KV read and 11.8 ms per request, the fixed cost folded in). a holds 80 requests in
+    # 20,800 tokens, b 40 in 21,600: a's projected share is a little lower (more of its
+    # requests finish within the horizon), but every one of a's 80 requests pays its step,
+    # and each step runs twice as many requests. Within the band the time model decides: b.
+    rates = (4.65e-5, 1.72e-6, 0.0118)
+    reports = dict(a=load(running=80, decode=80 * 200, free=1536 - 1300, total=1536,
+                          rates=rates),
+                   b=load(running=40, decode=40 * 200, free=1536 - 1350, total=1536,
+                          rates=rates))
+    core = core_with("length-aware", **reports)
+    share = {n: projected_kv_share(v, Placement("r", 100, 200))
+             for n, v in core.replicas.items()}
+    assert share["a"] < share["b"] < share["a"] + 0.1
+    assert core.place(Placement("r", 100, 200)).name == "b"
+    # Beyond the band the pool decides, however many requests b holds fewer: a's pool is
+    # projected to hold far less than b's, which is about to turn prompts away.
+    reports["b"] = load(running=40, decode=40 * 2000, free=0, total=1536, rates=rates)
+    core = core_with("length-aware", **reports)
+    assert core.place(Placement("r", 100, 200)).name == "a"
