@@ -182,6 +182,28 @@ def test_predictor_accuracy_reads_the_eval_table_the_command_prints():
     assert "| ALISE | 0.300 | 0.420 | 0.390 | 0.520 | 3.3 |" in sec.tables[0][1]
 
 
+def test_predictor_accuracy_names_the_tuned_encoder_row_when_there():
+    from services.predictor.metrics import LengthMetrics
+    try:
+        from evaluation.predictor import evaluate as ev
+    except ImportError:
+        from services.predictor import evaluate as ev
+    plain = LengthMetrics(0.2, 0.9, 0.55, 0.0, 0.0, 0.5, float("nan"))
+    alise = LengthMetrics(0.3, 0.7, 0.42, 0.39, 0.52, 0.4, 0.8)
+    tuned = LengthMetrics(0.35, 0.6, 0.44, 0.43, 0.60, 0.4, 0.8)
+    table = ev.format_table([ev.Row("global mean", plain),
+                             ev.Row("ALISE", alise, 14.8, 30.1, 300.0, 3.3),
+                             ev.Row("ALISE + tuned encoder", tuned, 5.0, 10.2, 538.0, 1.9,
+                                    note="encoder fine-tuned in 59s")])
+    rows = predictor_accuracy.parse_table("sharegpt: train 60, test 20\n" + table + "\n")
+    assert [r["method"] for r in rows][-1] == "ALISE + tuned encoder"
+    sec = predictor_accuracy.section(rows, predictor_accuracy.FULL, 0, cpu_stamp(0.0))
+    assert "ALISE reaches Spearman 0.600, Kendall 0.430" in sec.text
+    plain = predictor_accuracy.section(predictor_accuracy.parse_table(eval_output()),
+                                       predictor_accuracy.FULL, 0, cpu_stamp(0.0))
+    assert "encoder fine-tuned on" not in plain.text
+
+
 def test_predictor_accuracy_refuses_output_without_its_table():
     with pytest.raises(ValueError, match="format"):
         predictor_accuracy.parse_table("no table here\n")
