@@ -7,7 +7,7 @@ x16 host link (every number an estimate): OPT-13B with a KV pool of 400 blocks o
 16 GiB host tier kept in INT8 for every policy, as the paper runs them; the scheduler's CPU
 time and the predictor's latency charged as measured (``services/simulator/data``). On
 ShareGPT the embedded predictor is built from ShareGPT records disjoint from the evaluated
-requests (``alise_runs.sharegpt_predictor``), and ``alise`` is also fed the true lengths with
+requests, its encoder fine-tuned on them (``alise_runs.sharegpt_predictor``), and ``alise`` is also fed the true lengths with
 log-normal error of the paper's accuracy and of the embedded predictor's. Then, measured here:
 the real engine's upload waits per 1,000 iterations without and with ALISE's uploads ahead of
 need, and ``lenserve bench-swap``'s link bytes with and without INT8.
@@ -188,8 +188,8 @@ def summary_text(ratios: dict, real: list[dict], params: dict) -> str:
             f"host tier for every policy, the scheduler's CPU time and the embedded predictor's "
             f"latency charged as measured on this machine. On ShareGPT the embedded predictor "
             f"starts from {params['train']:,} ShareGPT records disjoint from the evaluated "
-            f"requests (the bundled seed holds some of them) and learns from each finished "
-            f"request. On OPT-13B at NL <= 0.2 s/token `alise` sustains {a[0]:.2f}x "
+            f"requests (the bundled seed holds some of them), its encoder fine-tuned on "
+            f"them, and learns from each finished request. On OPT-13B at NL <= 0.2 s/token `alise` sustains {a[0]:.2f}x "
             f"`vllm-v0`'s rate on Alpaca (paper: 1.8x) and {s[0]:.2f}x on ShareGPT (paper: "
             f"2.1x), {a[1]:.2f}x and {s[1]:.2f}x `oracle`'s. The real engine (opt-125m on this "
             f"CPU, a pool of {old['pool_mean_requests']:.1f} mean requests) waited for "
