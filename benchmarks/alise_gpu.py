@@ -30,6 +30,7 @@ from benchmarks import figures, output, runs, stamp, tables
 
 NAME = "alise_gpu"
 SIGMA = 0.58            # the embedded predictor's log-normal error (alise_runs.NOISE)
+NO_AHEAD = "alise (no uploads ahead)"
 FULL = {"swap": {"model": "smollm-360m", "cases": [("bfloat16", 2000, 100),
                                                    ("bfloat16", 2000, 16)], "repeats": 3},
         "serve": {"model": "smollm-360m", "dtype": "bfloat16", "prompts": 200,
@@ -86,34 +87,29 @@ def serve_runs(params: dict, device: str, dataset: Path, raw: Path, commands: li
                 continue
             runs.lenserve(args, raw / f"{tag}.log")
         commands.append(runs.shown(args))
-        label = "alise (no uploads ahead)" if config else None
-        found += [{**r, "policy": label or r["policy"]} for r in runs.load_runs(result)]
+        found += [{**r, "policy": NO_AHEAD if config else r["policy"]}
+                  for r in runs.load_runs(result)]
     return found, skipped
 
 
 def swap_table(found: list[dict]) -> list[str]:
-    rows = []
+    rows, cases = [], set()
     for r in found:
-        raw_link = r["raw"]["out_in_gbps"]
-        for key in ("fp", "int8"):
+        case = f"{r['dtype']}, {r['num_blocks']} blocks, requests of {r['blocks_per_request']}"
+        # the exact path does not depend on the codec: its first run per case stands for it
+        keys = ("int8",) if case in cases else ("fp", "int8")
+        cases.add(case)
+        for key in keys:
             t = r[key]
-            rows.append([f"{r['dtype']}, {r['num_blocks']} blocks, requests of "
-                         f"{r['blocks_per_request']}",
-                         "exact" if key == "fp" else "INT8",
+            rows.append([case, "exact" if key == "fp" else "INT8",
                          "-" if key == "fp" else ("1" if r.get("codec_layers") else "chunked"),
-                         f"{raw_link:.1f}", f"{t['out_gbps']:.1f}", f"{t['in_gbps']:.1f}",
-                         f"{t['out_in_gbps']:.1f}", f"{t['ratio_to_raw']:.2f}",
+                         f"{r['raw']['out_in_gbps']:.1f}", f"{t['out_gbps']:.1f}",
+                         f"{t['in_gbps']:.1f}", f"{t['out_in_gbps']:.1f}",
+                         f"{t['ratio_to_raw']:.2f}",
                          f"{r['swapped_bytes'] / max(1, t['link_bytes_each_way']):.2f}"])
-    # the exact path does not depend on the codec: keep its first row per case
-    seen, unique = set(), []
-    for row in rows:
-        key = (row[0], row[1], row[2])
-        if key not in seen:
-            seen.add(key)
-            unique.append(row)
     return tables.markdown(["swapped", "path", "codec layers per pass", "host link (GB/s)",
                             "out (GB/s)", "in (GB/s)", "out+in (GB/s)", "x host link",
-                            "device bytes / link bytes"], unique)
+                            "device bytes / link bytes"], rows)
 
 
 def serve_table(found: list[dict]) -> list[str]:
@@ -145,7 +141,8 @@ def plot(path: Path, serve: list[dict], swap: list[dict]) -> None:
     for policy in sorted({r["policy"] for r in serve}):
         pts = sorted((r["request_rate"], r["summary"][tables.NL] * 1e3) for r in serve
                      if r["policy"] == policy)
-        a.plot(*zip(*pts), marker="o", label=policy) if pts else None
+        if pts:
+            a.plot(*zip(*pts), marker="o", label=policy)
     a.set_xlabel("request rate (req/s)")
     a.set_ylabel("normalized latency (ms/token)")
     a.set_title("smollm-360m, ShareGPT, 400 blocks of 16", fontsize=9)
@@ -187,8 +184,7 @@ def summary_text(serve: list[dict], swap: list[dict], skipped: list[str], where:
               for rate, p in sorted(by) if p == "alise" and (rate, "vllm") in by]
     if ratios:
         parts.append("`alise`'s normalized latency against `vllm`'s: " + ", ".join(ratios) + ".")
-    waits = {r["policy"]: r for r in serve if r["policy"].startswith("alise")}
-    off = waits.get("alise (no uploads ahead)")
+    off = next((r for r in serve if r["policy"] == NO_AHEAD), None)
     on = next((r for r in serve if r["policy"] == "alise" and off
                and r["request_rate"] == off["request_rate"]), None)
     if off and on:
