@@ -199,6 +199,25 @@ def test_sim_overheads_quick_writes_a_file_the_simulator_reads(tmp_path):
     assert "sim_overheads" in charged.source
 
 
+def test_sim_overheads_times_each_repeat_on_prompts_not_seen_before(monkeypatch):
+    """The encoder caches vectors by prompt: a repeat over the same prompts timed cache hits."""
+    from benchmarks import sim_overheads
+    from services.predictor import local
+
+    seen = []
+
+    class Recorder:
+        def predict(self, queries, model):
+            seen[-1].extend(q.prompt for q in queries)
+            return []
+
+    monkeypatch.setattr(local, "make_predictor", lambda *a, **k: seen.append([]) or Recorder())
+    for repeat in range(2):
+        sim_overheads.measure_predictor(3, repeat)
+    assert len(seen) == 2 and all(len(s) == 8 for s in seen)
+    assert not set(seen[0]) & set(seen[1])
+
+
 def test_the_scheduler_fit_goes_through_the_medians():
     from benchmarks.sim_overheads import fit
     f = fit({1: [0.002, 0.002, 9.0], 5: [0.006], 9: [0.010]})
