@@ -53,6 +53,55 @@ def _plus_count(tokens_per_request: int):
         tokens_per_request * r.num_requests() / r.kv_capacity_tokens()
 
 
+def _remaining(r) -> list[int]:
+    """The predicted remaining outputs of the router's unfinished placements on ``r``."""
+    return [max(p.predicted_output_len - p.num_output_tokens, 1) for p in r.placed.values()]
+
+
+def _work_ahead(r, p) -> float:
+    """Shortest-remaining-first inside the replica (``alise``): the predicted work ranked
+    ahead of the request, plus its own length once per request it would go ahead of."""
+    n = p.predicted_output_len
+    rest = _remaining(r)
+    return sum(x for x in rest if x <= n) + n * sum(1 for x in rest if x > n)
+
+
+def _nl_cost(r, p) -> float:
+    """The same, normalized: the request's wait over its own length, plus its length over
+    the length of each request it would delay (the mean normalized latency it adds)."""
+    n = p.predicted_output_len
+    rest = _remaining(r)
+    return sum(x for x in rest if x <= n) / n + sum(n / x for x in rest if x > n)
+
+
+class _Band(policies.LengthAware):
+    """``length-aware``'s band, then another key in place of the step time."""
+    key = staticmethod(lambda r, p: 0.0)
+
+    def choose(self, replicas, placement):
+        turn = self._rotation(replicas)
+        shares = [projected_kv_share(r, placement, self.horizon_steps) for r in replicas]
+        bound = min(shares) + self.band
+        return min(((r, s) for r, s in zip(replicas, shares) if s <= bound),
+                   key=lambda rs: (-placement.cached_on(rs[0].name), self.key(rs[0], placement),
+                                   rs[1], turn(rs[0])))[0]
+
+
+class _OwnHorizon(policies.LengthAware):
+    """``length-aware`` with the horizon of the request's own predicted length (8-64 steps)."""
+
+    def choose(self, replicas, placement):
+        self.horizon_steps = min(max(placement.predicted_output_len, 8), 64)
+        return super().choose(replicas, placement)
+
+
+CHOOSERS = {
+    "band-count": type("BandCount", (_Band,), {"key": staticmethod(lambda r, p: r.num_requests())}),
+    "band-ahead": type("BandAhead", (_Band,), {"key": staticmethod(_work_ahead)}),
+    "band-nl-cost": type("BandNl", (_Band,), {"key": staticmethod(_nl_cost)}),
+    "own-horizon": _OwnHorizon,
+}
+
 VARIANTS = {
     "share-only": projected_kv_share,       # the projected share alone, no time-model stage
     "count-no-since": lambda r, p: _no_since_count(r),      # least-loaded, blind between reports
@@ -63,6 +112,8 @@ VARIANTS = {
     "horizon-64": lambda r, p: projected_kv_share(r, p, 64),
     "plus-count-128": _plus_count(128),
     "plus-count-256": _plus_count(256),
+    "work-ahead": _work_ahead,
+    "nl-cost": _nl_cost,
 }
 
 
@@ -70,6 +121,8 @@ def register() -> None:
     for name, fn in VARIANTS.items():
         policies.POLICIES[name] = type(f"Variant_{name}", (policies.RouterPolicy,), {
             "name": name, "needs_prediction": True, "score": lambda self, r, p, fn=fn: fn(r, p)})
+    for name, cls in CHOOSERS.items():
+        policies.POLICIES[name] = type(f"Variant_{cls.__name__}", (cls,), {"name": name})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--error-seed", type=int, default=None,
                     help="the prediction errors' seed (default: --seed)")
     ap.add_argument("--num-prompts", type=int, default=3000)
-    ap.add_argument("--variants", default=",".join(["least-loaded", "length-aware", *VARIANTS]))
+    ap.add_argument("--variants",
+                    default=",".join(["least-loaded", "length-aware", *VARIANTS, *CHOOSERS]))
     ap.add_argument("--dataset-path", default=str(runs.SHAREGPT))
     args = ap.parse_args(argv)
     register()
