@@ -27,9 +27,10 @@ from benchmarks import (output, router_hop, router_real, router_simulated,  # no
                         runs, stamp, tables)
 
 NAME = "router"
-# The loaded comparison and the kill drill: one round (the replicas decode on the CPU; two
-# rounds did not fit a shared machine's time). The hop: two runs.
-REAL = {"num": 18, "rate": 2.0, "runs": 1, "hop_runs": 2, "hop_pairs": 500}
+# The loaded comparison: two rounds, each router once a round (min-max on the page; the
+# replicas decode on the CPU: run it on an idle machine), then the kill drill. The hop: two
+# runs.
+REAL = {"num": 18, "rate": 2.0, "runs": 2, "hop_runs": 2, "hop_pairs": 500}
 REAL_QUICK = {"num": 6, "rate": 4.0, "runs": 1, "hop_runs": 1, "hop_pairs": 50}
 
 
@@ -115,7 +116,10 @@ def summary_text(rows: list[dict], scale: dict | None, real: dict | None,
                  f"token (min-max of {len(hop)} runs of {real['hop'][0]['num']} interleaved "
                  "pairs on a stub replica); killing one of three opt-125m replicas under load "
                  f"lost {k['lost_not_started']} requests that had not started, and "
-                 f"{k['failed_started']} that had started there ended with an error.")
+                 f"{k['failed_started']} that had started there ended with an error. The "
+                 f"loaded comparison: {1 + max(r['run'] for r in real['loaded'])} rounds, each "
+                 "router once a round (every other round in reverse order), replicas without "
+                 "prefix caching (every router sends the same prompts).")
     return text
 
 

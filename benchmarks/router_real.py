@@ -1,10 +1,11 @@
 """The real half of ``benchmarks/router.py``, on this machine: three scheduler replicas of
-opt-125m (in-process executors, random weights, outputs forced to the replies' lengths), one
-predictor service, and one router per policy in front of the same replicas, so the policies
-meet the same replicas back to back. Measures, per run: each router's summary at a loaded
-rate (``lenserve bench``'s metrics, failures by cause), and the replica-kill drill (a replica
-killed under load: lost requests that had not started, failures that had). The router hop's
-own latency is measured apart, on a stub replica (``benchmarks/router_hop.py``)."""
+opt-125m (in-process executors, random weights, outputs forced to the replies' lengths, no
+prefix caching: every router sends the same prompts), one predictor service, and one router
+per policy in front of the same replicas, so the policies meet the same replicas back to
+back. Measures, per round: each router's summary at a loaded rate (``lenserve bench``'s
+metrics, failures by cause); then the replica-kill drill (a replica killed under load: lost
+requests that had not started, failures that had). The router hop's own latency is measured
+apart, on a stub replica (``benchmarks/router_hop.py``)."""
 from __future__ import annotations
 
 import asyncio
@@ -51,8 +52,10 @@ class Cluster:
         self._spawn("predictor", "services.predictor", "serve", "--model", self.model,
                     "--seed-data", "bundled")
         for i in range(self.num_replicas):
+            # No prefix caching: every router sends the same prompts to the same replicas,
+            # so a cache would serve a later router's prompts from an earlier one's work.
             self._spawn(f"replica-{i}", "services.scheduler", "--model", self.model,
-                        "--policy", "vllm", "--max-num-seqs", "8")
+                        "--policy", "vllm", "--max-num-seqs", "8", "--no-prefix-caching")
         replicas = ",".join(self.target(f"replica-{i}") for i in range(self.num_replicas))
         for router in ROUTERS:
             predictor = ("--predictor", f"grpc://{self.target('predictor')}") \
@@ -168,7 +171,8 @@ async def kill_drill(cluster: Cluster, router: str, requests, tok) -> dict:
 
 
 def measure(dataset: Path, raw: Path, num: int, rate: float, runs: int) -> dict:
-    """``runs`` rounds of each router at the loaded rate, then the kill drill."""
+    """``runs`` rounds of each router at the loaded rate (every other round in reverse
+    order), then the kill drill."""
     from lenserve.bench.metrics import summarize
     requests, tok = workload(dataset, num, rate)
     cluster = Cluster(raw)
@@ -176,7 +180,9 @@ def measure(dataset: Path, raw: Path, num: int, rate: float, runs: int) -> dict:
     result: dict = {"loaded": []}
     try:
         for run in range(runs):
-            for router in ROUTERS:
+            # Every other round in reverse, so that a drift of the machine's load over the
+            # rounds does not favour the router that always runs first.
+            for router in ROUTERS if run % 2 == 0 else ROUTERS[::-1]:
                 records, wall = asyncio.run(drive(cluster.target(router), requests, tok,
                                                   f"{router}-{run}"))
                 result["loaded"].append({"run": run, "router": router, "rate": rate,
