@@ -107,6 +107,18 @@ class ReplicaView:
         return self.load.stats.num_total_blocks * self.load.block_size
 
 
+def holds_cache(replica: ReplicaView) -> bool:
+    """False when the replica's last report shows no cached block on either tier: it runs
+    without prefix caching (``--no-prefix-caching``), or has evicted everything, and the
+    prefix map's entries for it are stale. Counting them would send a conversation's turns
+    back to a replica that recomputes them anyway, and would count their prompts as needing
+    no new KV there. True before the first report."""
+    if replica.load is None:
+        return True
+    s = replica.load.stats
+    return s.num_cached_blocks > 0 or s.num_host_cached_blocks > 0
+
+
 class NoReplica(Exception):
     """No replica is up to take the request."""
 
@@ -178,13 +190,15 @@ class RouterCore:
         return self.prefix.keys(token_ids, text) if self.prefix is not None else ()
 
     def _cached(self, candidates: list[ReplicaView], placement: Placement) -> dict[str, int]:
-        """Tokens each candidate likely holds, counted only within the load bound."""
+        """Tokens each candidate likely holds, counted only within the load bound and only on
+        replicas whose last report shows a cached block (``holds_cache``)."""
         blocks = self.prefix.cached_blocks(placement.prefix_keys, (r.name for r in candidates))
         least = min(r.num_requests() for r in candidates)
         bound = least + max(AFFINITY_MIN_SLACK, AFFINITY_SLACK * least)
         size = self.prefix.block_size
         return {r.name: min(blocks[r.name] * size, placement.prompt_tokens - 1)
-                for r in candidates if blocks[r.name] and r.num_requests() <= bound}
+                for r in candidates
+                if blocks[r.name] and r.num_requests() <= bound and holds_cache(r)}
 
     def place(self, placement: Placement, exclude: frozenset[str] = frozenset()) -> ReplicaView:
         """Choose a replica for ``placement`` and count it there; NoReplica if none is up."""

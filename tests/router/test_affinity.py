@@ -6,10 +6,16 @@ import pytest
 
 from services.router.affinity import PrefixMap
 from services.router.core import AFFINITY_MIN_SLACK, Placement, RouterCore
-from tests.router.test_core import core_with, load
+from tests.router.test_core import core_with
+from tests.router.test_core import load as bare_load
 
 TURN_1 = list(range(1000, 1064))                # 64 tokens: four blocks of 16
 TURN_2 = TURN_1 + list(range(2000, 2040))       # the next turn carries the first
+
+
+def load(cached: int = 8, **kw):
+    """A report from a replica that caches prefixes: some blocks indexed."""
+    return bare_load(cached=cached, **kw)
 
 
 def place(core: RouterCore, rid: str, tokens: list[int]) -> str:
@@ -17,17 +23,18 @@ def place(core: RouterCore, rid: str, tokens: list[int]) -> str:
     return core.place(p).name
 
 
-def next_turn_replica(policy: str) -> tuple[str, str]:
+def next_turn_replica(policy: str, cached: int = 8) -> tuple[str, str]:
     """(replica of turn 1, replica of turn 2), equal loads throughout; other requests come and
-    go between the turns, as other users' would."""
-    core = core_with(policy, a=load(), b=load(), c=load())
+    go between the turns, as other users' would. ``cached``: the blocks each replica reports
+    indexed (0: prefix caching off)."""
+    core = core_with(policy, a=load(cached), b=load(cached), c=load(cached))
     first = place(core, "turn-1", TURN_1)
     core.on_finished("turn-1")
     for i in range(4):
         place(core, f"other-{i}", list(range(5000 + 100 * i, 5000 + 100 * i + 48)))
         core.on_finished(f"other-{i}")
     for name in "abc":
-        core.on_load(name, load())
+        core.on_load(name, load(cached))
     return first, place(core, "turn-2", TURN_2)
 
 
@@ -40,6 +47,19 @@ def test_a_conversations_next_turn_goes_where_its_previous_turn_ran(policy):
 def test_without_affinity_the_next_turn_lands_wherever_the_rotation_is():
     first, second = next_turn_replica("length-aware:no-prefix")
     assert second != first
+
+
+@pytest.mark.parametrize("policy", ["length-aware", "prefix-affinity"])
+def test_replicas_that_report_nothing_cached_get_no_affinity(policy):
+    # Replicas run with --no-prefix-caching: the map still lists where turn 1 went, but the
+    # reports show no cached block, so turn 2 is placed by load alone (the rotation here).
+    first, second = next_turn_replica(policy, cached=0)
+    assert second != first
+    core = core_with(policy, a=load(0), b=load(0))
+    place(core, "t1", TURN_1)
+    p = Placement("t2", len(TURN_2), 100, prefix_keys=core.prefix_keys(TURN_2))
+    core.place(p)
+    assert p.cached == {} and core.num_affinity_hits == 0
 
 
 def test_affinity_wins_over_a_slightly_busier_replica_but_not_a_much_busier_one():
