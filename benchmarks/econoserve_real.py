@@ -171,7 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     orders = {s: ranking(found, s) for s in params["seeds"]}
     sim = simulated_ranking(output.outputs(args, "econoserve_paper").docs)
     agree = [s for s, o in orders.items() if sim is not None and o == sim]
-    top_two = [s for s, o in orders.items() if sim is not None and o[:2] == sim[:2]]
+    # The leader is what the simulator's ranking settles: below it, policies within a
+    # fraction of a percent of each other (`vllm` and `sarathi` at ShareGPT overload) trade
+    # places between runs of either.
+    same_first = [s for s, o in orders.items() if sim is not None and o[0] == sim[0]]
     text = (f"The real engine (opt-125m, random weights, this CPU; measured, one run per sweep) "
             f"on {params['num_prompts']} ShareGPT requests per sweep scaled down (prompts / "
             f"{PROMPT_SCALE}, outputs / {OUTPUT_SCALE}, forced), arriving at "
@@ -181,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             + "; ".join(f"seed {s}: {', '.join(f'`{p}`' for p in o)}" for s, o in orders.items())
             + (f". The simulator at ShareGPT overload (`econoserve_paper`): "
                f"{', '.join(f'`{p}`' for p in sim)}; the same order in {len(agree)} of "
-               f"{len(orders)} sweeps, the same first two in {len(top_two)}." if sim else ".")
+               f"{len(orders)} sweeps, the same first in {len(same_first)}." if sim else ".")
             + " The iterations a run takes do not depend on the machine's load; the seconds "
               "per iteration do, and on this CPU they also grow with the tokens in a batch "
               "(compute-bound), where the simulated A100 decodes a larger batch for nearly "
