@@ -108,15 +108,17 @@ class ReplicaView:
 
 
 def holds_cache(replica: ReplicaView) -> bool:
-    """False when the replica's last report shows no cached block on either tier: it runs
-    without prefix caching (``--no-prefix-caching``), or has evicted everything, and the
-    prefix map's entries for it are stale. Counting them would send a conversation's turns
-    back to a replica that recomputes them anyway, and would count their prompts as needing
-    no new KV there. True before the first report."""
+    """False when the replica's last report shows it has run iterations yet holds no cached
+    block on either tier: it runs without prefix caching (``--no-prefix-caching``), or has
+    evicted everything, and the prefix map's entries for it are stale. Counting them would
+    send a conversation's turns back to a replica that recomputes them anyway, and would
+    count their prompts as needing no new KV there. True before the first report, and while
+    the last one predates the replica's first iteration (a prompt placed since may be cached
+    by now)."""
     if replica.load is None:
         return True
     s = replica.load.stats
-    return s.num_cached_blocks > 0 or s.num_host_cached_blocks > 0
+    return s.num_cached_blocks > 0 or s.num_host_cached_blocks > 0 or s.num_iterations == 0
 
 
 class NoReplica(Exception):

@@ -14,8 +14,9 @@ TURN_2 = TURN_1 + list(range(2000, 2040))       # the next turn carries the firs
 
 
 def load(cached: int = 8, **kw):
-    """A report from a replica that caches prefixes: some blocks indexed."""
-    return bare_load(cached=cached, **kw)
+    """A report from a replica that has run (``cached`` blocks indexed; 0: prefix caching
+    off)."""
+    return bare_load(cached=cached, iterations=10, **kw)
 
 
 def place(core: RouterCore, rid: str, tokens: list[int]) -> str:
@@ -60,6 +61,10 @@ def test_replicas_that_report_nothing_cached_get_no_affinity(policy):
     p = Placement("t2", len(TURN_2), 100, prefix_keys=core.prefix_keys(TURN_2))
     core.place(p)
     assert p.cached == {} and core.num_affinity_hits == 0
+    # A replica that has not run an iteration yet may have cached what was placed since.
+    fresh = core_with(policy, a=bare_load(), b=bare_load())
+    first = place(fresh, "t1", TURN_1)
+    assert place(fresh, "t2", TURN_2) == first
 
 
 def test_affinity_wins_over_a_slightly_busier_replica_but_not_a_much_busier_one():

@@ -11,8 +11,8 @@ from services.scheduler.scheduler import SchedulerStats
 
 
 def load(waiting=0, running=0, prefill=0, decode=0, free=1000, total=1000, draining=False,
-         rates=None, cached=0) -> ReplicaLoad:
-    stats = SchedulerStats("vllm", waiting, running, 0, free, total, 0, 0, 0,
+         rates=None, cached=0, iterations=0) -> ReplicaLoad:
+    stats = SchedulerStats("vllm", waiting, running, 0, free, total, iterations, 0, 0,
                            num_cached_blocks=cached)
     return ReplicaLoad(stats, 16, prefill, decode, 0, rates, draining)
 
