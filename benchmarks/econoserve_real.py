@@ -14,10 +14,9 @@ policies serve a fixed backlog in sets the result, not whether the CPU keeps up 
 arrivals. (16 requests at 16 req/s, the earlier size, decided little; 64 at 16 req/s sat at
 this CPU's capacity, where a few slow iterations (other work on the machine) tipped a run
 into a backlog that slowed every later one: s per iteration moved 0.02-0.37 s between the
-policies of one sweep.) The
-seconds per iteration are wall time: run it on an idle machine. The ranking is by
-normalized latency within each sweep; the simulator's, at ShareGPT overload, is read
-from ``docs/results/econoserve_paper.json`` when it is there.
+policies of one sweep.) The seconds per iteration are wall time: run it on an idle
+machine. The ranking is by normalized latency within each sweep; the simulator's, at
+ShareGPT overload, is read from ``docs/results/econoserve_paper.json`` when it is there.
 """
 from __future__ import annotations
 

@@ -78,13 +78,8 @@ class _Band(policies.LengthAware):
     """``length-aware``'s band, then another key in place of the step time."""
     key = staticmethod(lambda r, p: 0.0)
 
-    def choose(self, replicas, placement):
-        turn = self._rotation(replicas)
-        shares = [projected_kv_share(r, placement, self.horizon_steps) for r in replicas]
-        bound = min(shares) + self.band
-        return min(((r, s) for r, s in zip(replicas, shares) if s <= bound),
-                   key=lambda rs: (-placement.cached_on(rs[0].name), self.key(rs[0], placement),
-                                   rs[1], turn(rs[0])))[0]
+    def within_band(self, replica, placement, share):
+        return self.key(replica, placement)
 
 
 class _OwnHorizon(policies.LengthAware):

@@ -23,37 +23,25 @@ fluid differing from vllm in bfloat16 only, at near ties, is rounding.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "engine")]
+
+# The GPU test's workload and settings, not a copy of them.
+from engine_helpers import TickClock  # noqa: E402
+from test_streamed_waves import BLOCK, HOST_GIB, workload  # noqa: E402
 
 from lenserve.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from lenserve_contract.sampling_params import SamplingParams  # noqa: E402
 from services.executor.models.loader import load_model  # noqa: E402
 from services.executor.runner import InProcessExecutor  # noqa: E402
 
-BLOCK, HOST_GIB, MAX_LEN = 4, 4 / 1024, 64
+MAX_LEN = 64
 DETERMINISTIC = ["stream_link_bound=false", "token_budget=256"]
-
-
-def workload(seed: int, n: int):
-    """The test's workload (tests/engine/test_streamed_waves.py ``workload``)."""
-    rng = random.Random(seed)
-    return [(f"r{i}", [rng.randrange(3, 500) for _ in range(rng.randint(4, 20))],
-             rng.randint(4, 24)) for i in range(n)]
-
-
-class _Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        self.t += 1.0
-        return self.t
 
 
 def build(loaded, policy: str, blocks: int, swap_gib: float = 0.0, config=(),
@@ -62,7 +50,7 @@ def build(loaded, policy: str, blocks: int, swap_gib: float = 0.0, config=(),
                            max_model_len=MAX_LEN, cuda_graphs=graphs)
     cfg = EngineConfig(model="llama-tiny", policy=policy, max_model_len=MAX_LEN,
                        block_size=BLOCK, swap_space_gib=swap_gib, policy_config=tuple(config))
-    engine = LLMEngine(cfg, executor=ex, clock=_Clock())
+    engine = LLMEngine(cfg, executor=ex, clock=TickClock())
     if serial:
         engine.executor._staging.cuda = False   # synchronous copies on the compute stream
     return engine

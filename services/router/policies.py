@@ -114,9 +114,14 @@ class LengthAware(RouterPolicy):
         bound = min(shares) + self.band
         best = min((i for i in range(len(replicas)) if shares[i] <= bound),
                    key=lambda i: (-placement.cached_on(replicas[i].name),
-                                  step_time_s(replicas[i], shares[i]), shares[i],
-                                  turn(replicas[i])))
+                                  self.within_band(replicas[i], placement, shares[i]),
+                                  shares[i], turn(replicas[i])))
         return replicas[best]
+
+    def within_band(self, replica: ReplicaView, placement: Placement, share: float) -> float:
+        """The key among the pools the band keeps, after the cached prompt: the decode
+        step of the replica's batch with the request (``step_time_s``)."""
+        return step_time_s(replica, share)
 
     def score(self, replica, placement) -> float:
         return projected_kv_share(replica, placement, self.horizon_steps)
