@@ -14,13 +14,12 @@ import math
 
 from tqdm import tqdm
 
-from lenserve.bench.backends.base import failed_record
+from lenserve.bench.backends.base import failed_record, trace_params
 from lenserve.bench.metrics import RequestRecord
 from lenserve.bench.runner import BackendRun
 from lenserve.bench.simulation import SimSpec, _no_cycle_collection, build_engine, max_model_len
 from lenserve.workloads.followups import Arrivals
 from lenserve.workloads.types import BenchRequest, Workload
-from lenserve_contract.sampling_params import SamplingParams
 from services.predictor.interface import PredictQuery
 from services.router.core import Placement, RouterCore
 from services.scheduler.load import DEFAULT_OUTPUT_LEN, replica_load
@@ -114,7 +113,7 @@ class _ClusterReplay:
                               predicted or DEFAULT_OUTPUT_LEN,
                               prefix_keys=self.core.prefix_keys(request.prompt_token_ids))
         replica = self.by_name[self.core.place(placement).name]
-        params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0)
+        params = trace_params(replica.engine.scheduler.config.max_model_len)
         try:
             replica.engine.add_request(
                 request.request_id, prompt_token_ids=list(request.prompt_token_ids),

@@ -12,13 +12,12 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from lenserve.bench.backends.base import BackendOptions, failed_record
+from lenserve.bench.backends.base import BackendOptions, failed_record, trace_params
 from lenserve.bench.metrics import RequestRecord
 from lenserve.bench.runner import BackendRun, counter_deltas
 from lenserve.workloads.followups import Arrivals
 from lenserve.workloads.types import BenchRequest, Workload
 from lenserve_contract.outputs import RequestOutput
-from lenserve_contract.sampling_params import SamplingParams
 from services.scheduler.engine_core import EngineCore
 from services.scheduler.wiring import EngineConfig, engine_parts
 from services.kvmanager.config import KVManagerConfig
@@ -118,8 +117,7 @@ class _Replay:
                 f"needs {request.prompt_len + request.output_len} tokens of context; the "
                 f"simulated engine holds {self.limit} (model limit or KV pool)")))
             return
-        params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0,
-                                cap_max_tokens=True)
+        params = trace_params(self.engine.scheduler.config.max_model_len)
         text = self.spec.prompt_text
         try:
             self.engine.add_request(

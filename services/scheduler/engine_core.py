@@ -111,7 +111,9 @@ class EngineCore:
                     true_output_len: int | None = None) -> None:
         """Queue a request. Bad input raises InvalidRequestError and changes nothing.
         ``delta``: outputs carry only new tokens and text (streaming) instead of all so far.
-        ``predicted_output_len`` skips the predictor; ``true_output_len`` is for the oracle."""
+        ``predicted_output_len`` skips the predictor; ``true_output_len``, a replayed trace's
+        reply length, ends the request there as the model's EOS would and feeds the oracle
+        predictor (no policy sees it)."""
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequestError("request_id must be a non-empty string", field="request_id")
         params = sampling_params if sampling_params is not None else SamplingParams()
@@ -135,7 +137,8 @@ class EngineCore:
                             arrival, eos_token_id=(self.model_info.eos_token_ids
                                                   or self.model_info.eos_token_id),
                             predicted_output_len=predicted_output_len, priority=priority,
-                            slo_deadline_s=slo_deadline_s) for i, rid in enumerate(ids)]
+                            slo_deadline_s=slo_deadline_s, true_output_len=true_output_len)
+                    for i, rid in enumerate(ids)]
         self._enqueue(requests[0])     # may refuse: nothing changed yet
         if params.n > 1:
             bm = self.scheduler.block_manager

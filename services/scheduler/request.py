@@ -91,13 +91,15 @@ class Request:
         "stop_reason",
         "token_ids",
         "token_limit",
+        "true_output_len",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, arrival_time: float, *,
                  eos_token_id: int | Sequence[int] | None = None,
                  predicted_output_len: int | None = None,
-                 priority: int = 0, slo_deadline_s: float | None = None):
+                 priority: int = 0, slo_deadline_s: float | None = None,
+                 true_output_len: int | None = None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         # The prompt never changes; its length is read for every request on every iteration.
@@ -107,6 +109,11 @@ class Request:
         # Prompt followed by outputs: recompute after preemption prefills all of it.
         self.token_ids = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        # A replayed trace's reply length: the request ends there as if the model had sampled
+        # its end-of-sequence token (benchmarks replaying a trace with random weights). It is
+        # the oracle predictor's input and no policy reads it: policies see max_tokens, the
+        # client's cap, which a trace does not give away.
+        self.true_output_len = true_output_len
         # Cached prefix tokens the policy planned this admission with (SchedulerState.
         # prefix_start); admission claims at most that many.
         self.cache_hint = 0
@@ -149,7 +156,16 @@ class Request:
         params = self.sampling_params
         self.stop_candidates = frozenset(params.stop_token_ids).union(self.eos_token_ids)
         limit = self.num_prompt_tokens + params.max_tokens
+        if self.true_output_len is not None:
+            limit = min(limit, self.num_prompt_tokens + max(1, self.true_output_len))
         self.token_limit = limit if max_model_len is None else min(limit, max_model_len)
+
+    @property
+    def ends_as_traced(self) -> bool:
+        """Whether it stops at the trace's reply length, before max_tokens or the context."""
+        t = self.true_output_len
+        return (t is not None and len(self.token_ids) == self.num_prompt_tokens + max(1, t)
+                and t < self.sampling_params.max_tokens)
 
     @property
     def predicted_output_len(self) -> int | None:

@@ -243,8 +243,10 @@ class Scheduler:
                     finished.append(req)
             elif computed >= req.token_limit - 1:
                 # All tokens were computed and one was appended: what _stop_condition decides
-                # for a token that stops nothing by itself (max_tokens, or the context limit).
-                self.finish_request(req, FinishReason.LENGTH)
+                # for a token that stops nothing by itself (max_tokens, the context limit, or
+                # a replayed trace's reply length).
+                self.finish_request(req, FinishReason.STOP if req.ends_as_traced
+                                    else FinishReason.LENGTH)
                 finished.append(req)
             add(req)
         self.policy.update(output, updated, result)
@@ -259,7 +261,7 @@ class Scheduler:
             if token in params.stop_token_ids:
                 return FinishReason.STOP, token
         if len(req.token_ids) >= req.token_limit:     # max_tokens, or the context limit
-            return FinishReason.LENGTH, None
+            return (FinishReason.STOP if req.ends_as_traced else FinishReason.LENGTH), None
         return None, None
 
     def stats(self) -> SchedulerStats:

@@ -38,16 +38,18 @@ def engine_with(predictor: LengthPredictor, **kw) -> EngineCore:
     return engine
 
 
-def add(engine, n=4, max_tokens=6):
+def add(engine, n=4, max_tokens=6, traced=False):
+    """``traced``: each reply's true length (3 + i) is given, for the oracle; it also ends
+    the request there. Otherwise every request runs to ``max_tokens``."""
     for i in range(n):
-        engine.add_request(str(i), prompt=f"prompt {i}", true_output_len=3 + i,
+        engine.add_request(str(i), prompt=f"prompt {i}", true_output_len=3 + i if traced else None,
                            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True,
                                                           temperature=0))
 
 
 def test_oracle_predictions_reach_the_policy_before_the_first_schedule():
     engine = engine_with(OraclePredictor())
-    add(engine)
+    add(engine, traced=True)
     engine.step()
     assert sorted(engine.scheduler.policy.seen) == [(str(i), 3 + i, "oracle") for i in range(4)]
     outs = run_to_completion(engine)

@@ -1,9 +1,9 @@
 """The simulator runs the real serving core and policies; only the executor is a cost model."""
 import pytest
 
+from lenserve.bench.backends.base import trace_params
 from lenserve.bench.metrics import summarize
 from lenserve.bench.simulation import build_engine, simulate
-from lenserve_contract.sampling_params import SamplingParams
 from services.scheduler.policies import POLICIES
 from services.simulator.cost_model import LinearCostModel
 from services.simulator.executor import VirtualClock
@@ -35,7 +35,7 @@ def _finish_order_real(policy: str, requests) -> list[str]:
     engine = make_engine(policy, num_gpu_blocks=24, block_size=4, max_model_len=64)
     for i, (p, o, _) in enumerate(requests):
         engine.add_request(f"req-{i}", prompt_token_ids=[65 + (i + j) % 26 for j in range(p)],
-                           sampling_params=SamplingParams(max_tokens=o, ignore_eos=True))
+                           sampling_params=trace_params(64), true_output_len=o)
     order = []
     while engine.has_unfinished_requests():
         order += [out.request_id for out in engine.step() if out.finished]

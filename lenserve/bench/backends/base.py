@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from lenserve.bench.metrics import RequestRecord
 from lenserve.workloads.types import BenchRequest
+from lenserve_contract.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -111,3 +112,14 @@ class Backend(ABC):
 def failed_record(request: BenchRequest, arrival_time: float, error: str) -> RequestRecord:
     return RequestRecord(request.request_id, request.prompt_len, request.output_len,
                          arrival_time, error=error)
+
+
+def trace_params(context: int, **extra) -> SamplingParams:
+    """What an in-process engine replaying a trace is sent: no max_tokens of its own (the
+    context the prompt leaves, as a chat client that sets none gets) and the trace's reply
+    length passed to ``add_request`` as ``true_output_len``, where the request ends as the
+    model's end-of-sequence token would end it. ``vllm bench serve`` sends ``max_tokens`` =
+    the trace's length instead; a length-aware policy caps its predictions at max_tokens, so
+    that would hand it the true length of every reply it over-predicts."""
+    return SamplingParams(max_tokens=context, ignore_eos=True, temperature=0.0,
+                          cap_max_tokens=True, **extra)

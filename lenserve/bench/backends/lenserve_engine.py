@@ -5,11 +5,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from lenserve.bench.backends.base import Backend, BackendOptions, failed_record
+from lenserve.bench.backends.base import Backend, BackendOptions, failed_record, trace_params
+from lenserve.bench.defaults import MODEL_CONTEXT
 from lenserve.bench.metrics import RequestRecord
 from lenserve.workloads.types import BenchRequest
 from lenserve_contract.outputs import RequestOutput
-from lenserve_contract.sampling_params import SamplingParams
 
 
 _COUNTERS = ("num_preemptions", "num_iterations", "num_upload_waits", "num_uploads_ahead",
@@ -69,10 +69,10 @@ class LenserveBackend(Backend):
 
     def submit(self, request: BenchRequest, arrival_time: float) -> None:
         key = self.unique_key(request)
-        # Outputs are forced to the dataset's length, as the papers and vLLM's benchmark do.
-        # Token ids only: the report counts tokens (hf-* backends produce no text either).
-        params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0,
-                                detokenize=False, cap_max_tokens=True)
+        # Outputs end at the dataset's length, as the papers and vLLM's benchmark do, without
+        # telling the policies (trace_params). Token ids only: the report counts tokens (hf-*
+        # backends produce no text either).
+        params = trace_params(self._context(), detokenize=False)
         try:
             text = self._prompt_text(request.prompt_token_ids) if self._prompt_text else None
             self.engine.add_request(key, prompt=text,
@@ -108,6 +108,12 @@ class LenserveBackend(Backend):
         if self.engine is not None and hasattr(self.engine, "close"):
             self.engine.close()
         self.engine = None
+
+    def _context(self) -> int:
+        scheduler = getattr(self.engine, "scheduler", None)
+        if scheduler is not None:
+            return scheduler.config.max_model_len
+        return self.options.max_model_len or MODEL_CONTEXT
 
     def profile(self):
         return getattr(self.engine, "profile", None)

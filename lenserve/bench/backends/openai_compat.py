@@ -2,7 +2,11 @@
 
 Requests are sent as in ``vllm bench serve``: ``stream: true``, ``ignore_eos``, ``max_tokens``
 set to the request's output length. Each streamed chunk that carries text is timed on
-arrival; the token count comes from the final ``usage`` when the server sends it.
+arrival; the token count comes from the final ``usage`` when the server sends it. Over HTTP
+``max_tokens`` is the only way to force a length, so a lenserve server running a length-aware
+policy sees each reply's true length as its cap and can trim its predictions with it: compare
+policies through the in-process ``lenserve:`` backends or ``lenserve simulate``, which end a
+reply at its length without telling the policy (``base.trace_params``).
 
 Plain ``http://`` URLs are read by this module's own small HTTP/1.1 client (an asyncio
 protocol over httptools, the C parser uvicorn uses; one connection per request). The client
