@@ -1,7 +1,7 @@
 """Replicas behind the router: the three placement policies against each other.
 
     python3 benchmarks/router.py [--quick] [--dataset-path FILE] [--skip-real] [--jobs N]
-                                 [--compared-only]
+                                 [--compared-only] [--hop-only]
 
 Simulated (``benchmarks/router_simulated.py``): 8 and 16 A100-80GB replicas serving
 Llama-2-7B, ShareGPT, ``vllm`` and ``alise`` inside the replicas, each router policy over a
@@ -15,6 +15,7 @@ interleaved pairs); two runs each.
 """
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 if __package__ in (None, ""):       # run as a script: the repository root holds benchmarks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.stamp import REPO  # noqa: E402
 from benchmarks import (output, router_hop, router_real, router_simulated,  # noqa: E402
                         runs, stamp, tables)
 
@@ -120,6 +122,10 @@ def summary_text(rows: list[dict], scale: dict | None, real: dict | None,
                  f"loaded comparison: {1 + max(r['run'] for r in real['loaded'])} rounds, each "
                  "router once a round (every other round in reverse order), replicas without "
                  "prefix caching (every router sends the same prompts).")
+        if real.get("carried_from"):
+            c = real["carried_from"]
+            text += (f" Only the hop was measured this time (`--hop-only`); every other figure "
+                     f"is the one the page of {c['date']} (commit {c['commit']}) published.")
     return text
 
 
@@ -145,12 +151,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="the policies inside the replicas (default %(default)s)")
     ap.add_argument("--jobs", type=int, default=4,
                     help="simulations run at once, each its own process (default %(default)s)")
+    ap.add_argument("--hop-only", action="store_true",
+                    help="measure the hop again and publish it with every other figure taken "
+                         "from the published page (its JSON), which the page then names")
     args = ap.parse_args(argv)
     dataset = runs.dataset_file(args.dataset_path)
     out = output.outputs(args, NAME)
     start, t0 = stamp.take(), time.perf_counter()
     plan = router_simulated.QUICK if args.quick else router_simulated.FULL
     seeds = router_simulated.QUICK_SEEDS if args.quick else router_simulated.SEEDS
+    if args.hop_only:
+        return _hop_only(args, argv, out, start, t0)
     sweeps = router_simulated.sweep_jobs(
         plan, dataset, out.raw, seeds, args.reuse_raw,
         router_simulated.COMPARED if args.compared_only else router_simulated.ROUTERS,
@@ -178,6 +189,29 @@ def main(argv: list[str] | None = None) -> int:
         real = router_real.measure_or_reuse(dataset, out.raw / "real", p, args.reuse_raw)
         real["hop"] = [router_hop.measure(out.raw / "hop", p["hop_pairs"])
                        for _ in range(p["hop_runs"])]
+    _publish(args, argv, out, start, t0, dataset, plan, seeds, found, commands, scale, real,
+             affinity, missing)
+    return 0
+
+
+def _hop_only(args, argv, out, start, t0) -> int:
+    """The hop measured again; the rest as the published page has it."""
+    page = json.loads(out.file(NAME, "json").read_text())
+    real = page["real"]
+    if real is None:
+        raise SystemExit("the published page has no real section to add the hop to")
+    real["hop"] = [router_hop.measure(out.raw / "hop", real["params"]["hop_pairs"])
+                   for _ in range(real["params"]["hop_runs"])]
+    real["carried_from"] = {k: page["stamp"][k] for k in ("date", "commit")}
+    plan = {int(k): tuple(v) for k, v in page["params"]["plan"].items()}
+    _publish(args, argv, out, start, t0, REPO / page["params"]["dataset"], plan,
+             tuple(page["params"]["seeds"]), page["runs"], page["lenserve_commands"],
+             page["scale"], real, page["affinity"], [])
+    return 0
+
+
+def _publish(args, argv, out, start, t0, dataset, plan, seeds, found, commands, scale, real,
+             affinity, missing) -> None:
     rows = router_simulated.sustained_rows(found)
     router_simulated.plot(out.file(NAME, "png"), found)
     tabs = [("Highest rate under each target, simulated, per seed (interpolated between the "
@@ -218,7 +252,6 @@ def main(argv: list[str] | None = None) -> int:
                                     "dataset": output.rel(dataset)},
                          "sustained": rows, "runs": found, "scale": scale, "real": real,
                          "affinity": affinity})
-    return 0
 
 
 if __name__ == "__main__":

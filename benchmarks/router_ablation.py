@@ -90,7 +90,19 @@ class _OwnHorizon(policies.LengthAware):
         return super().choose(replicas, placement)
 
 
+class _FullCount(policies.LengthAware):
+    """``length-aware`` until every pool is projected full, then the fewest requests."""
+
+    def choose(self, replicas, placement):
+        shares = [projected_kv_share(r, placement, self.horizon_steps) for r in replicas]
+        if min(shares) < 1.0:
+            return super().choose(replicas, placement)
+        turn = self._rotation(replicas)
+        return min(replicas, key=lambda r: (r.num_requests(), turn(r)))
+
+
 CHOOSERS = {
+    "full-count": _FullCount,
     "band-count": type("BandCount", (_Band,), {"key": staticmethod(lambda r, p: r.num_requests())}),
     "band-ahead": type("BandAhead", (_Band,), {"key": staticmethod(_work_ahead)}),
     "band-nl-cost": type("BandNl", (_Band,), {"key": staticmethod(_nl_cost)}),

@@ -238,3 +238,44 @@ def test_the_commit_is_dirty_for_changed_code_not_for_the_results_written(tmp_pa
     assert not stamp.commit(tmp_path).endswith("-dirty")
     (tmp_path / "code.py").write_text("x = 2\n")
     assert stamp.commit(tmp_path).endswith("-dirty")
+
+
+def test_router_hop_only_measures_the_hop_again_and_keeps_every_other_figure(tmp_path,
+                                                                           monkeypatch):
+    data = tiny_sharegpt(tmp_path / "tiny.jsonl.gz")
+    argv = ["--quick", "--skip-real", "--dataset-path", str(data), "--docs",
+            str(tmp_path / "docs"), "--raw", str(tmp_path / "raw")]
+    assert router.main(argv) == 0
+    out = output.Outputs(docs=tmp_path / "docs", raw=tmp_path / "raw")
+    with pytest.raises(SystemExit, match="no real section"):
+        router.main([*argv, "--hop-only"])
+    record = json.loads(out.file("router", "json").read_text())
+    old_hop = {"num": 5, "load_avg": 0.1, "place_us_mean": 50.0,
+               **{k: {"p50": 9.0, "p90": 9.0, "p99": 9.0}
+                  for k in ("direct_ttft_ms", "routed_ttft_ms", "added_ttft_ms",
+                            "added_e2e_ms")}}
+    record["real"] = {"params": {**router.REAL_QUICK, "hop_runs": 2, "hop_pairs": 5},
+                      "kill": {"lost_not_started": 0, "failed_started": 1},
+                      "loaded": [{"router": r, "run": 0, "rate": 4.0, "failures": {},
+                                  "summary": {"ttft_ms": {"mean": 1.0, "p99": 2.0},
+                                              "normalized_latency_s_per_token": 0.1,
+                                              "failed": 0}}
+                                 for r in router.router_real.ROUTERS],
+                      "hop": [old_hop]}
+    out.file("router", "json").write_text(json.dumps(record))
+    pairs = []
+
+    def fake_measure(raw, num):
+        pairs.append(num)
+        return {**old_hop, "num": num, "added_ttft_ms": {"p50": 0.5 + len(pairs) / 10,
+                                                         "p90": 1.0, "p99": 2.0}}
+    monkeypatch.setattr(router.router_hop, "measure", fake_measure)
+    assert router.main([*argv, "--hop-only"]) == 0
+    assert pairs == [5, 5]                  # the page's own hop parameters, run again
+    again = json.loads(out.file("router", "json").read_text())
+    assert again["runs"] == record["runs"] and again["sustained"] == record["sustained"]
+    assert [h["added_ttft_ms"]["p50"] for h in again["real"]["hop"]] == [0.6, 0.7]
+    assert again["real"]["carried_from"]["commit"] == record["stamp"]["commit"]
+    text = out.page.read_text()
+    assert "adds 0.60-0.70 ms" in text and "Only the hop was measured" in text
+    assert section_count(text, "router") == 1
