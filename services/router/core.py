@@ -195,12 +195,15 @@ class RouterCore:
         """Tokens each candidate likely holds, counted only within the load bound and only on
         replicas whose last report shows a cached block (``holds_cache``)."""
         blocks = self.prefix.cached_blocks(placement.prefix_keys, (r.name for r in candidates))
-        least = min(r.num_requests() for r in candidates)
+        if not any(blocks.values()):
+            return {}
+        counts = [r.num_requests() for r in candidates]
+        least = min(counts)
         bound = least + max(AFFINITY_MIN_SLACK, AFFINITY_SLACK * least)
         size = self.prefix.block_size
         return {r.name: min(blocks[r.name] * size, placement.prompt_tokens - 1)
-                for r in candidates
-                if blocks[r.name] and r.num_requests() <= bound and holds_cache(r)}
+                for r, count in zip(candidates, counts)
+                if blocks[r.name] and count <= bound and holds_cache(r)}
 
     def place(self, placement: Placement, exclude: frozenset[str] = frozenset()) -> ReplicaView:
         """Choose a replica for ``placement`` and count it there; NoReplica if none is up."""
