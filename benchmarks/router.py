@@ -24,7 +24,6 @@ from pathlib import Path
 if __package__ in (None, ""):       # run as a script: the repository root holds benchmarks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.stamp import REPO  # noqa: E402
 from benchmarks import (output, router_hop, router_real, router_simulated,  # noqa: E402
                         runs, stamp, tables)
 
@@ -204,7 +203,7 @@ def _hop_only(args, argv, out, start, t0) -> int:
                    for _ in range(real["params"]["hop_runs"])]
     real["carried_from"] = {k: page["stamp"][k] for k in ("date", "commit")}
     plan = {int(k): tuple(v) for k, v in page["params"]["plan"].items()}
-    _publish(args, argv, out, start, t0, REPO / page["params"]["dataset"], plan,
+    _publish(args, argv, out, start, t0, stamp.REPO / page["params"]["dataset"], plan,
              tuple(page["params"]["seeds"]), page["runs"], page["lenserve_commands"],
              page["scale"], real, page["affinity"], [])
     return 0
