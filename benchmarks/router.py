@@ -201,7 +201,9 @@ def _hop_only(args, argv, out, start, t0) -> int:
         raise SystemExit("the published page has no real section to add the hop to")
     real["hop"] = [router_hop.measure(out.raw / "hop", real["params"]["hop_pairs"])
                    for _ in range(real["params"]["hop_runs"])]
-    real["carried_from"] = {k: page["stamp"][k] for k in ("date", "commit")}
+    # The page that measured the rest (an earlier --hop-only passes on where it had them).
+    real["carried_from"] = real.get("carried_from") or {k: page["stamp"][k]
+                                                        for k in ("date", "commit")}
     plan = {int(k): tuple(v) for k, v in page["params"]["plan"].items()}
     _publish(args, argv, out, start, t0, stamp.REPO / page["params"]["dataset"], plan,
              tuple(page["params"]["seeds"]), page["runs"], page["lenserve_commands"],

@@ -279,3 +279,7 @@ def test_router_hop_only_measures_the_hop_again_and_keeps_every_other_figure(tmp
     text = out.page.read_text()
     assert "adds 0.60-0.70 ms" in text and "Only the hop was measured" in text
     assert section_count(text, "router") == 1
+    assert router.main([*argv, "--hop-only"]) == 0      # again: still the first page's figures
+    third = json.loads(out.file("router", "json").read_text())
+    assert third["real"]["carried_from"] == again["real"]["carried_from"]
+    assert third["stamp"]["date"] != record["stamp"]["date"] or third["runs"] == record["runs"]
