@@ -109,21 +109,14 @@ class LengthAware(RouterPolicy):
         req/s under P99 <= 1 s against 159.9 and the share alone's 165.3). A band of 0.2
         lost the TTFT lead at 8 replicas (76.3 req/s against 76.2); 0.02 and 0.05 kept less
         of the NL gain."""
-        n, start = len(replicas), self._turn        # the rotation, as ``_rotation`` keeps it
-        self._turn += 1
+        turn = self._rotation(replicas)
         shares = [projected_kv_share(r, placement, self.horizon_steps) for r in replicas]
         bound = min(shares) + self.band
-        cached = placement.cached
-        best, best_key = replicas[0], None
-        for replica, share in zip(replicas, shares):     # one pass: it runs per request
-            if share > bound:
-                continue
-            key = (-cached.get(replica.name, 0) if cached else 0,
-                   self.within_band(replica, placement, share), share,
-                   (replica.index - start) % n)
-            if best_key is None or key < best_key:
-                best, best_key = replica, key
-        return best
+        best = min((i for i in range(len(replicas)) if shares[i] <= bound),
+                   key=lambda i: (-placement.cached_on(replicas[i].name),
+                                  self.within_band(replicas[i], placement, shares[i]),
+                                  shares[i], turn(replicas[i])))
+        return replicas[best]
 
     def within_band(self, replica: ReplicaView, placement: Placement, share: float) -> float:
         """The key among the pools the band keeps, after the cached prompt: the decode
