@@ -72,10 +72,15 @@ class StubReplica(scheduler_pb2_grpc.SchedulerServiceServicer):
             del self.subs[request.subscriber_id]
 
     async def Submit(self, request, context):
-        queue, chunks = self.subs[request.subscriber_id], _chunks(request.request)
-        queue.put_nowait(next(chunks))      # the first at once, as ``Generate`` answers
-        asyncio.ensure_future(self._feed(queue, chunks))
+        self._answer(self.subs[request.subscriber_id], request.request)
         return scheduler_pb2.SubmitResponse()
+
+    @classmethod
+    def _answer(cls, queue: asyncio.Queue, request: common_pb2.Request) -> None:
+        """The first chunk into ``queue`` at once, as ``Generate`` answers, the rest paced."""
+        chunks = _chunks(request)
+        queue.put_nowait(next(chunks))
+        asyncio.ensure_future(cls._feed(queue, chunks))
 
     @staticmethod
     async def _feed(queue: asyncio.Queue, chunks) -> None:
@@ -112,9 +117,7 @@ class StubReplica(scheduler_pb2_grpc.SchedulerServiceServicer):
                 # first token comes a prefill after its admission, which goes out meanwhile;
                 # answered one after the other, the admission's write sat ahead of the first
                 # chunk here and added about 0.3-0.4 ms that no real replica adds.
-                chunks = _chunks(msg.submit)
-                queue.put_nowait(next(chunks))
-                asyncio.ensure_future(self._feed(queue, chunks))
+                self._answer(queue, msg.submit)
 
     async def Abort(self, request, context):
         return scheduler_pb2.AbortResponse(found=False)
