@@ -70,7 +70,13 @@ def add_common(p: argparse.ArgumentParser, threads: int = 0) -> None:
     g.add_argument("--max-points", type=int, default=50_000, help="DB bound per model")
     g.add_argument("--observed-parity", type=int, default=PredictorConfig.observed_parity,
                    help="observed completions that weigh as much as all the seed data in the "
-                        "MLP's training (a seed neighbour then weighs half an observed one)")
+                        "MLP's training (a seed neighbour then weighs half an observed one) "
+                        "until the seed's weight is learnt")
+    g.add_argument("--seed-weight-min-records", type=int,
+                   default=PredictorConfig.seed_weight_min_records,
+                   help="completions with seed and observed neighbours after which a seed "
+                        "neighbour weighs what they show it is worth (0 = never: the "
+                        "--observed-parity curve)")
 
 
 def refit_dir(args) -> str | None:
@@ -106,6 +112,7 @@ def config_from_args(args) -> PredictorConfig:
         default_model=args.model, top_k=args.top_k,
         similarity_threshold=args.similarity_threshold,
         observed_parity=args.observed_parity,
+        seed_weight_min_records=args.seed_weight_min_records,
         retrain_every=getattr(args, "retrain_every", 1000),
         refit_first=_refit_first(args), refit_epochs=args.refit_epochs,
         refit_dir=refit_dir(args))

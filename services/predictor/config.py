@@ -135,6 +135,11 @@ class PredictorConfig:
     # tau 0.46-0.47 where 100 (5:1) gave 0.56-0.59 and 0.44-0.46, and 10 was no better than
     # 25; with 8,000, tau 0.42 against 0.39 at about the same median RE (0.52 / 0.51).
     observed_parity: int = 25
+    # ...until the weight is learnt from finished requests (seed_weight.py): once this many
+    # completions had both seed and observed neighbours, a seed neighbour weighs what fits the
+    # latest seed_weight_window of them best (0 = never: the curve above stays).
+    seed_weight_min_records: int = 50
+    seed_weight_window: int = 512
     # Retrain the MLP once this many completions were observed, then each time their number
     # doubled, and at least every retrain_every new ones (0 = never automatically): early
     # completions of a new model teach the most, so they are learnt from early.

@@ -11,10 +11,10 @@ ALISE's hard switch). observe: DB.update with the real length, and learning the 
   measured against parts only seed data shaped, so it never chases its own corrections.
 * Residual correction. The same estimate of log(real / prediction) per source corrects what
   remains, follows a served model's drift, and sets the upper quantile.
-* Observed completions outrank seed data (learning.py): seed neighbours weigh less as
-  observations accumulate, and the MLP is retrained with the observed records weighing most;
-  a retrained MLP is served only once it ranked later completions at least as well as the
-  served one (probation.py).
+* Observed completions and seed data (learning.py, seed_weight.py): a seed neighbour weighs
+  what finished requests show it is worth against an observed one, the MLP is retrained with
+  records weighted so, and served only once it ranked later completions at least as well as
+  the served one (probation.py).
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from services.predictor.embedder import Embedder
 from services.predictor.intake import RecentIds, check_prompt, screen
 from services.predictor.probation import Probation
 from services.predictor.retrieval import combine, seed_retrieval_log
+from services.predictor.seed_weight import SeedWeights
 from services.predictor.store import EMPTY, LengthStore
 from services.predictor.types import Completion, ObserveResult, Prediction, PredictionError, Source
 
@@ -78,6 +79,7 @@ class Predictor:
         self.stats: Counter[str] = Counter()
         self._observed: dict[str, int] = {}
         self._trained: dict[str, learning.TrainedAt] = {}
+        self.seed_weights = SeedWeights(config)
         self._recent = RecentIds(config.dedup_window)
         self._tick = 0.0
         self.refits = refit.Schedule()  # encoder refits (refit.py)
@@ -137,7 +139,7 @@ class Predictor:
         offsets = (self.seed_bias.shift(model, Source.RETRIEVAL.value),
                    self.seed_bias.shift(model, Source.MLP.value))
         mlp_log, share = self._mlp_log(weights, vectors, offsets[1])
-        w_seed = learning.seed_weight(self.num_observed(model), self.config.observed_parity)
+        w_seed = self.seed_weights.weight(model, self.num_observed(model))
         rows = [combine(self.config, nb, None if mlp_log is None else float(mlp_log[i]), share,
                         offsets[0], w_seed) for i, nb in enumerate(neighbours)]
         log_len, sources, top, coef_ret, coef_mlp = zip(*rows) if rows else ((),) * 5
@@ -229,13 +231,14 @@ class Predictor:
             if result.evicted:
                 self._observed.pop(model)  # recounted on next use
             # Keyed by DB point: a flood of one prompt holds one residual, not thousands.
-            keys = np.array(result.ids, object)
-            probation.judge(self, model, vectors, batch, np.log1p(real), result.ids)
-            self._add_residuals(model, batch, np.log1p(real), keys)
+            real_log, keys = np.log1p(real), np.array(result.ids, object)
+            probation.judge(self, model, vectors, batch, real_log, result.ids)
+            self._add_residuals(model, batch, real_log, keys)
+            self.seed_weights.observe(model, batch.neighbours, real_log, self.seed_bias)
             for source, pred in ((Source.RETRIEVAL, batch.seed_retrieval),
                                  (Source.MLP, batch.seed_mlp)):
                 ok = ~np.isnan(pred)
-                self.seed_bias.add(model, source.value, np.log1p(real[ok]) - pred[ok], keys[ok])
+                self.seed_bias.add(model, source.value, real_log[ok] - pred[ok], keys[ok])
         self._recent.add(r.request_id for r in recs)
         self.stats["merged"] += len(recs) - result.created
         self._maybe_retrain(model)
@@ -252,12 +255,10 @@ class Predictor:
 
     def _embed(self, prompts: Sequence[str], cache: bool = False) -> tuple:
         """(the encoder, its vectors of `prompts`), embedded outside the lock."""
-        embedder = self.embedder
-        return embedder, embedder.encode(list(prompts), cache=cache)
+        return (embedder := self.embedder), embedder.encode(list(prompts), cache=cache)
 
     def _current(self, made: tuple, prompts: Sequence[str], cache: bool = False) -> np.ndarray:
-        """`_embed`'s vectors, made again if a refit swapped the encoder meanwhile (under the
-        lock, the vectors stored are then the served encoder's)."""
+        """`_embed`'s vectors, made again (under the lock) if a refit swapped the encoder."""
         embedder, vectors = made
         return vectors if self.embedder is embedder \
             else self.embedder.encode(list(prompts), cache=cache)
@@ -314,17 +315,16 @@ class Predictor:
         with self._lock:
             vectors = self._current(made, prompts)
             return self.store.upsert(model, vectors, np.asarray(lengths, np.float32), now,
-                                     observed=False,
-                                     texts=self.kept_texts(prompts)).created
+                                     observed=False, texts=self.kept_texts(prompts)).created
 
     def export(self, model: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         with self._lock:
             return self.store.export(model)
 
     def training_set(self, model: str) -> learning.TrainingSet:
-        return learning.training_set(*self.export(model),
-                                     self.seed_bias.shift(model, Source.MLP.value),
-                                     self.config.observed_parity)
+        shift = self.seed_bias.shift(model, Source.MLP.value)
+        return learning.training_set(*self.export(model), shift, self.config.observed_parity,
+                                     self.seed_weights.learned(model))
 
     def close(self) -> None:
         """Stop the retrains in flight (a retrain hook that can be stopped) and close the DB."""

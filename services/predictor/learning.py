@@ -38,14 +38,18 @@ def observed_share(num_observed: int, parity: int) -> float:
     return 1.0 - seed_weight(num_observed, parity)
 
 
-def training_weights(observed: np.ndarray, parity: int) -> np.ndarray:
+def training_weights(observed: np.ndarray, parity: int, seed_w: float | None = None
+                     ) -> np.ndarray:
     """Per-record weights, mean 1, that give the observed records `observed_share` of the
-    total: a few hundred of the served model's replies then outweigh thousands of seed ones."""
+    total: a few hundred of the served model's replies then outweigh thousands of seed ones.
+    With `seed_w` (learnt from finished requests, seed_weight.py) a seed record weighs
+    `seed_w` of an observed one instead, as a seed neighbour does in retrieval."""
     observed = np.asarray(observed, bool)
     n_obs, n_seed = int(observed.sum()), int((~observed).sum())
     if n_obs == 0 or n_seed == 0:
         return np.ones(len(observed))
-    share = observed_share(n_obs, parity)
+    share = observed_share(n_obs, parity) if seed_w is None \
+        else n_obs / (n_obs + seed_w * n_seed)
     w = np.where(observed, share / n_obs, (1.0 - share) / n_seed)
     return w * len(w)
 
@@ -68,10 +72,10 @@ class TrainingSet:
 
 
 def training_set(vectors: np.ndarray, lengths: np.ndarray, observed: np.ndarray,
-                 seed_shift: float, parity: int) -> TrainingSet:
+                 seed_shift: float, parity: int, seed_w: float | None = None) -> TrainingSet:
     """A DB export as the MLP learns it: seed targets moved by the seed shift (log1p), the
     observed records weighted to their share."""
-    weights = training_weights(observed, parity)
+    weights = training_weights(observed, parity, seed_w)
     seed_share = float(weights[~observed].sum() / weights.sum()) if len(weights) else 1.0
     targets = np.expm1(np.log1p(lengths) + np.where(observed, 0.0, seed_shift))
     return TrainingSet(vectors, targets.astype(np.float32), weights, observed, seed_shift,
@@ -174,7 +178,8 @@ def state(predictor, model: str) -> dict:
     observed = predictor.num_observed(model)
     return {
         "observed": observed,
-        "seed_weight": seed_weight(observed, predictor.config.observed_parity),
+        "seed_weight": predictor.seed_weights.weight(model, observed),
+        "seed_weight_learnt": predictor.seed_weights.learned(model) is not None,
         "seed_shift": {s.value: predictor.seed_bias.shift(model, s.value)
                        for s in (Source.RETRIEVAL, Source.MLP)},
         "residual_shift": {s.value: predictor.residuals.shift(model, s.value, offsets)

@@ -207,7 +207,8 @@ def _train(predictor, model: str, rec: StoredRecords, vectors: dict, stop
     order = stable_order(v)
     data: TrainingSet = training_set(v[order], rec.lengths[order], rec.observed[order],
                                      predictor.seed_bias.shift(model, Source.MLP.value),
-                                     predictor.config.observed_parity)
+                                     predictor.config.observed_parity,
+                                     predictor.seed_weights.learned(model))
     module = mlp.train(data.vectors, data.lengths, predictor.config.mlp, data.weights, stop)
     return module, predictor.seed_module(data, stop), data
 
