@@ -59,7 +59,10 @@ def evaluate_shift(args) -> int:
         raise ValueError(f"--shift-scale must be positive, got {args.shift_scale}")
     seed = datasets.split(datasets.load(args.dataset_name, args.dataset_path), args.num_train,
                           0, args.seed)[0]
-    served = datasets.load(args.shift, args.shift_path)
+    # A served prompt that is also a seed record would be looked up, not predicted: the same
+    # file as --dataset-path serves the records the seed left out.
+    seen = {x.prompt for x in seed}
+    served = [x for x in datasets.load(args.shift, args.shift_path) if x.prompt not in seen]
     observe, test = datasets.split(served, args.shift_observe, args.shift_test, args.seed)
     tokenizer = datasets.load_tokenizer(args.tokenizer)
     seed_lengths = np.array(datasets.count_tokens(tokenizer, [x.reply for x in seed]))

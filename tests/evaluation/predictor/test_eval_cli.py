@@ -75,3 +75,21 @@ def test_a_shift_without_its_file_is_refused():
                    "--shift", "alpaca"])
     with pytest.raises(ValueError, match="--shift needs --shift-path"):
         args.func(args)
+
+
+def test_a_shift_from_the_seeds_own_file_serves_only_prompts_the_seed_lacks(monkeypatch):
+    """The same file as seed and served: the observed and test prompts are records the seed
+    left out, so none is answered by looking it up."""
+    from evaluation.predictor import shift_eval
+
+    seen = []
+    monkeypatch.setattr(shift_eval, "run", lambda data, *a, **k: seen.append(data) or [])
+    args = _parse(["predictor", "eval", "--dataset-name", "alpaca", "--dataset-path", ALPACA,
+                   "--num-train", "200", "--shift", "alpaca", "--shift-path", ALPACA,
+                   "--shift-observe", "100", "--shift-test", "100", "--finetune-epochs", "0"])
+    assert args.func(args) == 0
+    (data,) = seen
+    seed = set(data.seed.train_prompts)
+    assert len(seed) == 200
+    assert not seed & set(data.seed.test_prompts) and not seed & set(data.observe_prompts)
+    assert len(set(data.seed.test_prompts)) == len(set(data.observe_prompts)) == 100
