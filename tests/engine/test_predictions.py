@@ -160,6 +160,11 @@ def test_noisy_oracle_errs_by_the_size_asked_and_the_same_way_every_run():
     assert [p.length for p in other] != [p.length for p in noisy]
     logs = [math.log(p.length / q.true_output_len) for p, q in zip(noisy, queries)]
     assert 0.5 < statistics.stdev(logs) < 0.7 and abs(statistics.mean(logs)) < 0.1
+    # Its upper quantile is calibrated as a predictor's: the true length lies under it 9
+    # times in 10; the exact oracle's is its (sure) length.
+    covered = sum(q.true_output_len <= p.upper_quantile for p, q in zip(noisy, queries))
+    assert 0.85 < covered / len(queries) < 0.95
+    assert all(p.upper_quantile == p.length for p in exact)
     # Without a true length there is nothing to perturb: max_tokens, as the exact oracle.
     [blind] = make_predictor("oracle:0.6", "fake").predict(
         [PredictQuery(prompt="", max_tokens=7)], "fake")

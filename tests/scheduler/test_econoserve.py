@@ -49,6 +49,45 @@ def test_exact_allocation_sizes_kv_by_padded_prediction_or_upper_quantile():
     assert q.block_manager.num_blocks_of("b") == 6          # 4 + 20 tokens
 
 
+@pytest.mark.parametrize("source, upper, blocks", [
+    ("oracle", 8, 3),        # a predictor sure of its 8 tokens: 4 + 8, no padding
+    ("retrieval", 10, 4),    # its calibrated quantile asks for 2 more: 4 + 10 tokens
+    ("retrieval", 40, 4),    # a wide quantile is capped at the 50% padding: 4 + 12
+    ("given", 8, 4),         # a client's own figure carries no calibration: padded in full
+])
+def test_padding_goes_no_further_than_the_calibrated_upper_quantile(source, upper, blocks):
+    s = econo("padding_ratio=0.5", "enable_pipelining=false")
+    add(s, make_request("a", 4, 100))
+    s.set_prediction("a", Prediction(8, upper, source))
+    step(s)
+    step(s)
+    assert s.block_manager.num_blocks_of("a") == blocks
+    full = econo("padding_ratio=0.5", "enable_pipelining=false", "calibrated_padding=false")
+    add(full, make_request("b", 4, 100))
+    full.set_prediction("b", Prediction(8, upper, source))
+    step(full)
+    step(full)
+    assert full.block_manager.num_blocks_of("b") == 4      # the paper's ratio, whatever
+
+
+def test_with_a_sure_predictor_the_kv_padding_would_hold_runs_another_gt():
+    """A 17-block pool (block 4, 1 reserved): two GTs predicted at 28 tokens (4 + 28: 8
+    blocks each) fit it; padded by 15% (4 + 33 tokens, 10 blocks each) the second waits for
+    the first. With a predictor that reports its 28 as sure (its upper quantile), econoserve
+    runs both at once."""
+    def started(*options):
+        s = econo("enable_pipelining=false", "reserved_kv_fraction=0.05", *options,
+                  num_gpu_blocks=17, max_model_len=64)
+        for rid in ("a", "b"):
+            add(s, make_request(rid, 4, 60))
+            s.set_prediction(rid, Prediction(28, 28, "oracle"))
+        step(s)
+        out, _ = step(s)
+        return scheduled(out)
+    assert started() == {"a": 1, "b": 1}
+    assert len(started("calibrated_padding=false")) == 1
+
+
 def test_a_hosted_gt_borrows_the_second_half_and_returns_it():
     s = econo("lend_scope=host", "padding_ratio=0")
     host = make_request("host", 4, 40, predicted_output_len=40, slo_deadline_s=10)

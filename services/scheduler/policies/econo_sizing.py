@@ -18,6 +18,10 @@ _EMA = 0.1      # weight of a new timing sample: smooth, but follows a load chan
 class EconoServeConfig(PolicyConfig):
     padding_ratio: float = 0.15         # paper's sweet spot for ShareGPT (10-20%)
     use_upper_quantile: bool = False    # size KV by the predictor's upper quantile instead
+    # Pad no further than the predictor's calibrated upper quantile: a predictor whose
+    # errors are small needs less than padding_ratio (the oracle none). A prediction that
+    # carries no calibration (source "given": a client's own figure) is padded in full.
+    calibrated_padding: bool = True
     reserved_kv_fraction: float = 0.03  # of the pool, kept for prompt tasks (paper: 2-4%)
     # Of the pool: prompt KV of prefilled GTs still waiting for their allocation. That KV is
     # idle; at 0.1 it displaced decoding GTs (OPT-13B/A100 ShareGPT simulation at 3.5 req/s,
@@ -78,7 +82,10 @@ class LengthModel:
             return cfg.default_output_len
         if cfg.use_upper_quantile:
             return max(pred.upper_quantile, pred.length, 1)
-        return max(math.ceil(pred.length * (1.0 + cfg.padding_ratio)), 1)
+        padded = math.ceil(pred.length * (1.0 + cfg.padding_ratio))
+        if cfg.calibrated_padding and pred.source != "given":
+            padded = min(padded, pred.upper_quantile)
+        return max(padded, pred.length, 1)
 
     def output_len(self, req: Request) -> int:
         """Output tokens to allocate for. Once a request has outgrown its prediction the

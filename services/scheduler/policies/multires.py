@@ -35,6 +35,7 @@ _RUNNING = RequestStatus.RUNNING
 class MultiResConfig(PolicyConfig):
     padding_ratio: float = 0.15         # as econoserve: exact allocation plus padding
     use_upper_quantile: bool = False
+    calibrated_padding: bool = True     # as econoserve: no further than the upper quantile
     default_output_len: int = 128       # until a prediction arrives
     max_candidates: int = 512           # queued requests scanned per pick
     # Read by the shared length model (deadlines are not used by MultiRes).
