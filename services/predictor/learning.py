@@ -1,9 +1,11 @@
 """How much the served model's own completions outrank seed data, and when to retrain.
 
-Seed records are another model's replies: useful as prior knowledge of which prompts want
-long answers, systematically off in scale. Observed completions are the served model's own.
-As they accumulate they take over, in retrieval (a seed neighbour weighs less than an
-observed one) and in the MLP's training (observed records get most of the weight).
+Seed records are often another model's replies: useful as prior knowledge of which prompts
+want long answers, systematically off in scale. Observed completions are the served model's
+own. As they accumulate they take over, in retrieval (a seed neighbour weighs less than an
+observed one) and in the MLP's training (observed records get most of the weight), along the
+``observed_parity`` curve until seed_weight.py has learnt from them what a seed record is
+worth (as much as an observed one, where the seed is the served model's own history).
 """
 from __future__ import annotations
 
