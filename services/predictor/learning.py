@@ -181,7 +181,6 @@ def state(predictor, model: str) -> dict:
     return {
         "observed": observed,
         "seed_weight": predictor.seed_weights.weight(model, observed),
-        "seed_weight_learnt": predictor.seed_weights.learned(model) is not None,
         "seed_shift": {s.value: predictor.seed_bias.shift(model, s.value)
                        for s in (Source.RETRIEVAL, Source.MLP)},
         "residual_shift": {s.value: predictor.residuals.shift(model, s.value, offsets)

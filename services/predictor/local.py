@@ -12,12 +12,14 @@ import logging
 import math
 import random
 import shutil
+import statistics
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from services.predictor.config import PredictorConfig
 from services.predictor.interface import LengthPredictor, PredictQuery
 from services.predictor.learning import ThreadRetrainer
 from services.predictor.types import Completion, Prediction, PredictionError, Source
@@ -32,8 +34,6 @@ BUNDLED_SEED = Path(__file__).parent / "data" / "sharegpt_seed_2k.jsonl.gz"
 # predictor starts in a second instead of embedding 2,000 prompts on a busy CPU.
 BUNDLED_VECTORS = BUNDLED_SEED.with_name("sharegpt_seed_2k.vectors.npz")
 BUNDLED_MLP = BUNDLED_SEED.with_name("sharegpt_seed_2k.mlp.npz")   # the MLP trained on them
-# The standard normal's 0.9 quantile: a noisy oracle's upper quantile (the predictor reports 0.9).
-Z90 = 1.2815515655446004
 
 
 class OraclePredictor(LengthPredictor):
@@ -56,14 +56,16 @@ class NoisyOraclePredictor(OraclePredictor):
     policy's gap to ``oracle`` a given predictor quality leaves. Queries are predicted as they
     arrive, so runs of one workload (one arrival order) see the same errors whatever the
     policy. Median relative error: about 0.2 at sigma 0.3, 0.4 at 0.6, 0.6 at 1. The upper
-    quantile is the true length's 0.9 quantile given the prediction, as a calibrated
-    predictor's would be: the prediction times exp(1.2816 sigma)."""
+    quantile is the true length's quantile given the prediction at the level the predictor
+    reports (``PredictorConfig.upper_quantile``, 0.9: the prediction times exp(1.28 sigma)),
+    as a calibrated predictor's would be."""
 
     def __init__(self, sigma: float, seed: int = 0):
         if not (sigma >= 0 and math.isfinite(sigma)):
             raise ValueError(f"oracle:SIGMA[:SEED] needs a finite sigma >= 0, got {sigma}")
         self.sigma = sigma
-        self._upper = math.exp(Z90 * sigma)
+        level = PredictorConfig.upper_quantile
+        self._upper = math.exp(statistics.NormalDist().inv_cdf(level) * sigma)
         self._rng = random.Random(seed)
 
     def predict(self, queries: Sequence[PredictQuery], model: str) -> list[Prediction]:
@@ -175,7 +177,6 @@ def build_embedded(model: str, seed_path: str | Path | None = None, progress=Non
     """An in-memory ALISE predictor seeded from ``seed_path``, or from the bundled seed with
     its precomputed vectors and MLP (a start in seconds). A custom seed is embedded and its
     MLP trained here, with ``progress(done, total)`` called while embedding."""
-    from services.predictor.config import PredictorConfig
     from services.predictor.core import Predictor
 
     core = Predictor(PredictorConfig(default_model=model))
@@ -207,7 +208,7 @@ def build_from_db(model: str, db_dir: str | Path) -> EmbeddedPredictor:
     rate; a shared DB would have learnt their lengths)."""
     from services.predictor.__main__ import mlp_path
     from services.predictor.encoder_build import encoder_beside_db
-    from services.predictor.config import EmbedderConfig, PredictorConfig, StoreConfig
+    from services.predictor.config import EmbedderConfig, StoreConfig
     from services.predictor.core import Predictor
 
     source = Path(db_dir)

@@ -40,7 +40,6 @@ class SeedWeightFit:
             maxlen=window)
         self._new = 0
         self.weight: float | None = None
-        self.errors: np.ndarray | None = None   # mean squared log error per GRID weight
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -66,12 +65,12 @@ class SeedWeightFit:
         observed, real = np.zeros((len(self._kept), k), bool), np.zeros(len(self._kept))
         for i, (s, y, o, r) in enumerate(self._kept):
             scores[i, :len(s)], logs[i, :len(s)], observed[i, :len(s)], real[i] = s, y, o, r
+        # retrieval.retrieval_log's arithmetic (no floor: every neighbour found), for every
+        # record and GRID weight at once: (grid, records, neighbours); padding has score 0.
         logs = logs + np.where(observed, 0.0, seed_shift)
-        # (grid, records, neighbours): padding has score 0 and so no weight.
         w = scores[None] * np.where(observed[None], 1.0, GRID[:, None, None])
         pred = (w * logs[None]).sum(-1) / w.sum(-1)
-        self.errors = ((pred - real[None]) ** 2).mean(-1)
-        self.weight = float(GRID[int(np.argmin(self.errors))])
+        self.weight = float(GRID[int(np.argmin(((pred - real[None]) ** 2).mean(-1)))])
         return self.weight
 
 
