@@ -24,7 +24,7 @@ if __package__ in (None, ""):
 
 from benchmarks import router_simulated, runs  # noqa: E402
 from services.router import policies  # noqa: E402
-from services.router.policies import projected_kv_share  # noqa: E402
+from services.router.policies import projected_kv_share, step_time_s  # noqa: E402
 
 
 def _no_since_count(r) -> int:
@@ -82,6 +82,43 @@ class _Band(policies.LengthAware):
         return self.key(replica, placement)
 
 
+class _BandAll(policies.LengthAware):
+    """The band over every replica, a preempting one (``alise`` inside) too."""
+
+    def choose(self, replicas, placement):
+        turn = self._rotation(replicas)
+        shares = [self.share(r, placement) for r in replicas]
+        bound = min(shares) + self.band
+        best = min((i for i in range(len(replicas)) if shares[i] <= bound),
+                   key=lambda i: (-placement.cached_on(replicas[i].name),
+                                  self.within_band(replicas[i], placement, shares[i]),
+                                  shares[i], turn(replicas[i])))
+        return replicas[best]
+
+    def share(self, replica, placement):
+        return projected_kv_share(replica, placement, self.horizon_steps)
+
+
+class _RankedShare(_BandAll):
+    """The band over every replica, a preempting replica's share counting only the KV of the
+    requests predicted to end first (those the new one cannot preempt) and the new prompt."""
+
+    def share(self, replica, placement):
+        n, held = placement.predicted_output_len, 0
+        for p in replica.placed.values():
+            rest = max(p.predicted_output_len - p.num_output_tokens, 1)
+            if rest <= n or not replica.preempts_by_length():
+                held += p.prompt_tokens + p.num_output_tokens + min(self.horizon_steps, rest)
+        return (held + placement.prompt_tokens) / replica.kv_capacity_tokens()
+
+
+class _StepKey:
+    """Within the band, the decode step of the batch the request joins (no resident term)."""
+
+    def within_band(self, replica, placement, share):
+        return step_time_s(replica, share)
+
+
 class _OwnHorizon(policies.LengthAware):
     """``length-aware`` with the horizon of the request's own predicted length (8-64 steps)."""
 
@@ -107,6 +144,10 @@ CHOOSERS = {
     "band-ahead": type("BandAhead", (_Band,), {"key": staticmethod(_work_ahead)}),
     "band-nl-cost": type("BandNl", (_Band,), {"key": staticmethod(_nl_cost)}),
     "own-horizon": _OwnHorizon,
+    "band-step": type("BandStep", (_StepKey, policies.LengthAware), {}),
+    "band-all": _BandAll,
+    "band-all-step": type("BandAllStep", (_StepKey, _BandAll), {}),
+    "ranked-share": _RankedShare,
 }
 
 VARIANTS = {

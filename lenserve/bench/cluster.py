@@ -100,6 +100,7 @@ class _ClusterReplay:
                 r.clock.advance_to(t)       # an idle replica waits for work
             if t - r.reported_at >= self.cluster.load_interval_s:
                 self.core.on_load(r.name, replica_load(r.engine))
+                self._sync_tokens(r)
                 r.reported_at = t
         self._sample_balance()
         if request.prompt_len + request.output_len > self.limit:
@@ -124,6 +125,14 @@ class _ClusterReplay:
             self._finish(failed_record(request, t, str(exc)))
             return
         self.inflight[request.request_id] = (request, t, prediction)
+
+    def _sync_tokens(self, replica: _Replica) -> None:
+        """The tokens each request on ``replica`` has produced, as a live router counts
+        them from the chunks it relays (here at each load report)."""
+        for rid, req in replica.engine.scheduler.state.requests.items():
+            placement = self.core.requests.get(rid)
+            if placement is not None:
+                placement.num_output_tokens = req.num_output_tokens
 
     def _sample_balance(self) -> None:
         counts = [len(r.engine.scheduler.state.requests) for r in self.replicas]

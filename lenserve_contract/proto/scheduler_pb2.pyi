@@ -132,7 +132,7 @@ class LoadRequest(_message.Message):
     def __init__(self, interval_s: _Optional[float] = ...) -> None: ...
 
 class ReplicaLoad(_message.Message):
-    __slots__ = ("stats", "block_size", "queued_prefill_tokens", "remaining_decode_tokens", "num_unpredicted", "rates_fitted", "t0_s", "alpha_s", "beta_s", "draining")
+    __slots__ = ("stats", "block_size", "queued_prefill_tokens", "remaining_decode_tokens", "num_unpredicted", "rates_fitted", "t0_s", "alpha_s", "beta_s", "draining", "preempts_by_length")
     STATS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,7 @@ class ReplicaLoad(_message.Message):
     ALPHA_S_FIELD_NUMBER: _ClassVar[int]
     BETA_S_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTS_BY_LENGTH_FIELD_NUMBER: _ClassVar[int]
     stats: SchedulerStats
     block_size: int
     queued_prefill_tokens: int
@@ -153,4 +154,5 @@ class ReplicaLoad(_message.Message):
     alpha_s: float
     beta_s: float
     draining: bool
-    def __init__(self, stats: _Optional[_Union[SchedulerStats, _Mapping]] = ..., block_size: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., remaining_decode_tokens: _Optional[int] = ..., num_unpredicted: _Optional[int] = ..., rates_fitted: _Optional[bool] = ..., t0_s: _Optional[float] = ..., alpha_s: _Optional[float] = ..., beta_s: _Optional[float] = ..., draining: _Optional[bool] = ...) -> None: ...
+    preempts_by_length: bool
+    def __init__(self, stats: _Optional[_Union[SchedulerStats, _Mapping]] = ..., block_size: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., remaining_decode_tokens: _Optional[int] = ..., num_unpredicted: _Optional[int] = ..., rates_fitted: _Optional[bool] = ..., t0_s: _Optional[float] = ..., alpha_s: _Optional[float] = ..., beta_s: _Optional[float] = ..., draining: _Optional[bool] = ..., preempts_by_length: _Optional[bool] = ...) -> None: ...

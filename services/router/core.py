@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from services.router.affinity import PrefixMap
+from services.router.residents import Remaining
 from services.router.policies import RouterPolicy, make_router_policy, parse_router_spec
 from services.scheduler.load import DEFAULT_OUTPUT_LEN, ReplicaLoad
 
@@ -61,6 +62,9 @@ class ReplicaView:
     since_decode: int = 0
     placed: dict[str, Placement] = field(default_factory=dict)      # unfinished, this router's
     num_placed: int = 0
+    # ``placed`` less ``since`` as of the last report, read by remaining output (built when
+    # first asked for after each report).
+    _remaining: Remaining | None = None
 
     def count_since(self, request_id: str, prefill: int, decode: int) -> None:
         self.drop_since(request_id)
@@ -77,6 +81,21 @@ class ReplicaView:
     def clear_since(self) -> None:
         self.since.clear()
         self.since_prefill = self.since_decode = 0
+        self._remaining = None
+
+    def remaining(self) -> Remaining:
+        """This router's unfinished requests here, less those placed since the last report
+        (``since`` holds those), by predicted remaining output."""
+        if self._remaining is None:
+            self._remaining = Remaining(p for rid, p in self.placed.items()
+                                        if rid not in self.since)
+        return self._remaining
+
+    def preempts_by_length(self) -> bool:
+        """The replica's policy lets a request predicted shorter take a resident's place
+        (``ReplicaLoad.preempts_by_length``): a new request's wait there does not follow its
+        pool's fill."""
+        return self.load is not None and self.load.preempts_by_length
 
     def rates(self) -> tuple[float, float, float]:
         rates = self.load.rates if self.load is not None else None

@@ -17,8 +17,10 @@
   With prefix affinity (``RouterCore``'s, on unless the spec says ``:no-prefix``), the prompt
   tokens a replica likely holds cached need no new KV there. Among the replicas within
   ``band`` of the lowest projected share, the one with most of the prompt cached, then the
-  one where the request's tokens would come fastest by the replica's time model: the decode
-  step of its projected batch.
+  one where the request adds the least normalized latency by the replica's time model: the
+  decode step of the batch it joins, plus what its step adds to the requests there for as
+  long as it overlaps them, read from their predicted remaining outputs. A replica whose
+  policy preempts by predicted length (``alise``) is always within the band.
 * ``prefix-affinity``: the replica with the most of the prompt's leading blocks cached (within
   the core's load bound), ties to the fewest unfinished requests: llm-d's and Dynamo's
   overlap-then-load routing, with no length prediction.
@@ -29,6 +31,8 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from services.router.residents import overlap_one
 
 if TYPE_CHECKING:
     from services.router.core import Placement, ReplicaView
@@ -94,7 +98,9 @@ class LengthAware(RouterPolicy):
     def choose(self, replicas: Sequence[ReplicaView], placement: Placement) -> ReplicaView:
         """The pools projected to hold the least KV (within ``band`` of the lowest share), then
         among them the one likely to hold most of the prompt cached (prefix affinity), then
-        the fastest step, ties in rotation.
+        the least normalized latency the request adds (``marginal_nl``), ties in rotation.
+        A replica whose policy lets a shorter request preempt (``preempts_by_length``) is
+        always within the band: a request's wait there does not follow the pool's fill.
 
         Why two stages: the projected share alone (the old score) set the lead in P99 time
         to first token, but it balances KV, not requests, and a step's time grows with the
@@ -103,28 +109,49 @@ class LengthAware(RouterPolicy):
         requests, pays for the spread of their counts. In the simulator (Llama-2-7B on
         A100s, ShareGPT, ``alise`` inside, seed 0) the share alone spread the replicas'
         unfinished requests with a coefficient of variation of 0.15-0.16 at 16 replicas
-        against ``least-loaded``'s 0.02, and kept the normalized latency under 0.025 s/token
-        to 220.7 req/s against 226.4 (95.4 against 97.2 at 8 replicas); this band halves the
-        spread (0.08) and reaches 224.6 (97.2 at 8), keeping most of the TTFT lead (163.5
-        req/s under P99 <= 1 s against 159.9 and the share alone's 165.3). A band of 0.2
-        lost the TTFT lead at 8 replicas (76.3 req/s against 76.2); 0.02 and 0.05 kept less
-        of the NL gain."""
+        against ``least-loaded``'s 0.02; a band of 0.1 halved the spread. A band of 0.2
+        lost the TTFT lead at 8 replicas; 0.02 and 0.05 kept less of the NL gain.
+
+        Why the band does not hold a preempting replica: with ``alise`` inside and the band
+        over every replica, ``length-aware`` trailed ``least-loaded`` under the NL target
+        on all four runs (8 and 16 replicas, two seeds: 91.3 against 91.8 req/s, 94.8 / 95.6,
+        201.9 / 206.9, 211.1 / 212.7); a share counting only the KV of requests predicted
+        shorter (those a new request cannot preempt) kept it behind (91.2, 94.9, 201.6,
+        211.4) though it led P99 TTFT by 2-9%. Without the band the marginal NL decides, and
+        leads both figures (``docs/results/router.md``)."""
         turn = self._rotation(replicas)
         shares = [projected_kv_share(r, placement, self.horizon_steps) for r in replicas]
-        bound = min(shares) + self.band
-        best = min((i for i in range(len(replicas)) if shares[i] <= bound),
+        banded = [s for r, s in zip(replicas, shares) if not r.preempts_by_length()]
+        bound = min(banded, default=0.0) + self.band
+        best = min((i for i in range(len(replicas))
+                    if shares[i] <= bound or replicas[i].preempts_by_length()),
                    key=lambda i: (-placement.cached_on(replicas[i].name),
                                   self.within_band(replicas[i], placement, shares[i]),
                                   shares[i], turn(replicas[i])))
         return replicas[best]
 
     def within_band(self, replica: ReplicaView, placement: Placement, share: float) -> float:
-        """The key among the pools the band keeps, after the cached prompt: the decode
-        step of the replica's batch with the request (``step_time_s``)."""
-        return step_time_s(replica, share)
+        """The key among the pools the band keeps, after the cached prompt."""
+        return marginal_nl(replica, placement, share)
 
     def score(self, replica, placement) -> float:
         return projected_kv_share(replica, placement, self.horizon_steps)
+
+
+def marginal_nl(replica: ReplicaView, p: Placement, share: float) -> float:
+    """The normalized latency (s/token) the request adds on ``replica``: its own, about the
+    step of the batch it joins (``step_time_s``), and what its step adds to each request
+    there for as long as they overlap (``residents``: ``beta`` for one more request,
+    ``alpha`` a token for its KV, its prompt and half its predicted output on average).
+    Neither ``least-loaded``'s count nor a pool's fill says which replica's requests end
+    soon; the placements' predicted remaining outputs do. With ``vllm`` inside it did as
+    well as the step alone (within 0.5% on every run); with ``alise``, see ``choose``."""
+    _, alpha, beta = replica.rates()
+    length = max(p.predicted_output_len, 1)
+    overlap = replica.remaining().overlap(length) + sum(
+        overlap_one(decode, length) for _, decode in replica.since.values())
+    kv = p.prompt_tokens - p.cached_on(replica.name) + length / 2
+    return step_time_s(replica, share) + (beta + alpha * kv) * overlap
 
 
 def step_time_s(replica: ReplicaView, share: float) -> float:

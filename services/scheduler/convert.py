@@ -158,11 +158,13 @@ def load_to_pb(load) -> scheduler_pb2.ReplicaLoad:
         queued_prefill_tokens=load.queued_prefill_tokens,
         remaining_decode_tokens=load.remaining_decode_tokens,
         num_unpredicted=load.num_unpredicted, rates_fitted=load.rates is not None,
-        t0_s=t0, alpha_s=alpha, beta_s=beta, draining=load.draining)
+        t0_s=t0, alpha_s=alpha, beta_s=beta, draining=load.draining,
+        preempts_by_length=load.preempts_by_length)
 
 
 def load_from_pb(msg: scheduler_pb2.ReplicaLoad):
     from services.scheduler.load import ReplicaLoad
     rates = (msg.t0_s, msg.alpha_s, msg.beta_s) if msg.rates_fitted else None
     return ReplicaLoad(stats_from_pb(msg.stats), msg.block_size, msg.queued_prefill_tokens,
-                       msg.remaining_decode_tokens, msg.num_unpredicted, rates, msg.draining)
+                       msg.remaining_decode_tokens, msg.num_unpredicted, rates, msg.draining,
+                       msg.preempts_by_length)

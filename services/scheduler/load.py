@@ -25,6 +25,8 @@ class ReplicaLoad:
     num_unpredicted: int = 0
     rates: tuple[float, float, float] | None = None    # (T0, alpha, beta) once fitted
     draining: bool = False
+    # The policy lets a request predicted shorter take a resident's place (``alise``).
+    preempts_by_length: bool = False
 
 
 def time_model_of(engine) -> ExecutionTimeModel | None:
@@ -50,4 +52,4 @@ def replica_load(engine, default_output_len: int = DEFAULT_OUTPUT_LEN,
     model = time_model_of(engine)
     rates = model.rates() if model is not None and model.fitted else None
     return ReplicaLoad(engine.stats(), engine.scheduler.config.block_size, prefill, decode,
-                       unpredicted, rates, draining)
+                       unpredicted, rates, draining, engine.scheduler.policy.preempts_by_length)

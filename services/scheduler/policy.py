@@ -33,6 +33,9 @@ class PolicyConfig:
 class Policy(ABC):
     name: str = "abstract"
     config_class: ClassVar[type[PolicyConfig]] = PolicyConfig
+    # A request predicted shorter takes a resident's place, whatever the pool holds: a router
+    # in front does not read the pool's fill as the wait a new request will see there.
+    preempts_by_length: bool = False
 
     def __init__(self, config: SchedulerConfig, policy_config: PolicyConfig | None = None):
         self.config = config

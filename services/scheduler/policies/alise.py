@@ -128,6 +128,7 @@ class AlisePolicy(AliseSwaps, RankedPolicy):
         if opts.max_gap_s < 0 or opts.gap_quantum < 1:
             raise ValueError(f"{self.name}: need max_gap_s >= 0 (0: off) and gap_quantum >= 1")
         self.model = ExecutionTimeModel(opts.nominal_token_s)
+        self.preempts_by_length = opts.preemption
         self.queues = PriorityQueues(opts.num_queues, opts.queue_base_s)
         self.jobs: dict[str, _Job] = {}
         self._keys: dict[str, float] = {}    # this iteration's resident keys...
