@@ -45,3 +45,22 @@ def test_a_predictor_that_needs_prompt_text_is_refused_in_cluster_mode():
     with pytest.raises(ValueError, match="oracle"):
         simulate_cluster(make_spec(predictor="embedded"), ClusterSpec(2, "length-aware"),
                          workload((8, 5, 0.0)), 1.0, False)
+
+
+def test_the_router_sees_the_tokens_its_requests_produced(monkeypatch):
+    # A live router counts each request's tokens as it relays them; length-aware reads them
+    # (what a request still has to run). Here they are counted at each load report: when the
+    # second and third requests arrive, those before them have produced tens of tokens.
+    from services.router.core import RouterCore
+    seen = []
+    place = RouterCore.place
+
+    def spy(self, placement, exclude=frozenset()):
+        seen.append(sorted(p.num_output_tokens for p in self.requests.values()))
+        return place(self, placement, exclude)
+    monkeypatch.setattr(RouterCore, "place", spy)
+    simulate_cluster(make_spec(predictor="oracle", max_model_len=256),
+                     ClusterSpec(2, "length-aware"),
+                     workload((8, 200, 0.0), (8, 200, 0.2), (8, 200, 0.4)), 1.0, False)
+    assert seen[0] == [] and len(seen[1]) == 1 and len(seen[2]) == 2
+    assert min(seen[1]) >= 10 and min(seen[2]) >= 10
