@@ -140,18 +140,39 @@ class LengthAware(RouterPolicy):
 
 def marginal_nl(replica: ReplicaView, p: Placement, share: float) -> float:
     """The normalized latency (s/token) the request adds on ``replica``: its own, about the
-    step of the batch it joins (``step_time_s``), and what its step adds to each request
-    there for as long as they overlap (``residents``: ``beta`` for one more request,
-    ``alpha`` a token for its KV, its prompt and half its predicted output on average).
-    Neither ``least-loaded``'s count nor a pool's fill says which replica's requests end
-    soon; the placements' predicted remaining outputs do. With ``vllm`` inside it did as
-    well as the step alone (within 0.5% on every run); with ``alise``, see ``choose``."""
+    step of the batch it joins (``step_time_s``) plus its wait (``wait_s``) over its
+    predicted output, and what its step adds to each request there for as long as they
+    overlap (``residents``: ``beta`` for one more request, ``alpha`` a token for its KV, its
+    prompt and half its predicted output on average). Neither ``least-loaded``'s count nor
+    a pool's fill says which replica's requests end soon; their predicted remaining outputs
+    do."""
     _, alpha, beta = replica.rates()
     length = max(p.predicted_output_len, 1)
     overlap = replica.remaining().overlap(length) + sum(
         overlap_one(decode, length) for _, decode in replica.since.values())
     kv = p.prompt_tokens - p.cached_on(replica.name) + length / 2
-    return step_time_s(replica, share) + (beta + alpha * kv) * overlap
+    step = step_time_s(replica, share)
+    return step + wait_s(replica, p, share, step) / length + (beta + alpha * kv) * overlap
+
+
+def wait_s(replica: ReplicaView, p: Placement, share: float, step: float) -> float:
+    """The request's wait for its first token on ``replica``: its prompt's prefill (``T0``
+    a token not cached), and on a replica that serves in arrival order the prompts queued
+    ahead of it, and, where its pool is projected past full, the steps until the excess
+    frees: requests finish at one in their mean predicted remaining output a step, each
+    giving back its share of the pool, so ``(share - 1)`` times that mean. A replica that
+    preempts by predicted length makes room for a shorter request at once.
+
+    In the simulator (8 and 16 A100s, ``vllm`` inside, two seeds) this term took
+    ``length-aware``'s lead over ``least-loaded`` under NL <= 0.025 from -0.3%..+1.1% to
+    +1.9%..+2.2%, and under P99 TTFT <= 1 s from +2.3%..+5.5% to +2.7%..+6.1%."""
+    t0 = replica.rates()[0]
+    own = t0 * (p.prompt_tokens - p.cached_on(replica.name))
+    if replica.preempts_by_length():
+        return own
+    prefill, decode = replica.pending_tokens()
+    mean_remaining = max(decode / max(replica.num_requests(), 1), 1.0)
+    return own + t0 * prefill + max(0.0, share - 1.0) * mean_remaining * step
 
 
 def step_time_s(replica: ReplicaView, share: float) -> float:

@@ -10,6 +10,7 @@ import pytest
 from lenserve_contract.sampling_params import SamplingParams
 from services.executor.fake import FakeExecutor
 from services.router.core import Placement, RouterCore
+from services.router.policies import projected_kv_share, step_time_s, wait_s
 from services.router.residents import PAST_PREDICTION_TOKENS, Remaining
 from services.scheduler import convert
 from services.scheduler.engine_core import EngineCore
@@ -20,9 +21,10 @@ from services.scheduler.wiring import EngineConfig, engine_parts
 RATES = (4.65e-5, 1.72e-6, 0.0118)      # a simulated A100's fitted rates (T0, alpha, beta)
 
 
-def load(running: int, decode: int, free: int, preempts: bool = False) -> ReplicaLoad:
+def load(running: int, decode: int, free: int, preempts: bool = False,
+         prefill: int = 0) -> ReplicaLoad:
     stats = SchedulerStats("alise" if preempts else "vllm", 0, running, 0, free, 1536, 10, 0, 0)
-    return ReplicaLoad(stats, 16, 0, decode, 0, RATES, False, preempts)
+    return ReplicaLoad(stats, 16, prefill, decode, 0, RATES, False, preempts)
 
 
 def core_with(policy: str, residents: dict[str, list[tuple[int, int, int]]],
@@ -30,9 +32,9 @@ def core_with(policy: str, residents: dict[str, list[tuple[int, int, int]]],
     """A router whose earlier placements on each replica are ``residents``: (prompt,
     predicted output, tokens produced so far) each, then a load report from each."""
     core = RouterCore(policy)
-    for name, held in residents.items():
+    for name in reports:
         view = core.add_replica(name)
-        for i, (prompt, predicted, done) in enumerate(held):
+        for i, (prompt, predicted, done) in enumerate(residents.get(name, ())):
             p = Placement(f"{name}{i}", prompt, predicted, replica=name, num_output_tokens=done)
             view.placed[p.request_id] = core.requests[p.request_id] = p
         core.on_load(name, reports[name])
@@ -82,6 +84,28 @@ def test_a_replica_that_preempts_by_length_is_within_the_band_whatever_its_pool_
                        b=load(20, 4000, 1536 - 750, preempts))
         core = core_with("length-aware", residents, reports)
         assert core.place(Placement("short", 50, 20)).name == expected
+
+
+def test_in_arrival_order_a_request_waits_for_the_pool_to_free_as_its_requests_end():
+    # Two vllm replicas, both pools projected past full, within the band of each other. a is
+    # the emptier (1.03 of its pool) but its ten requests have ~500 tokens each to go: the
+    # excess frees in ~15 steps. b (1.08, its queue of prompts longer) frees its excess in
+    # under two steps: its requests are about to end. The batch's step alone prefers a.
+    reports = dict(a=load(10, 5000, 0, prefill=1256), b=load(10, 200, 0, prefill=15334))
+    core = core_with("length-aware", {}, reports)
+    views = core.replicas
+    new = Placement("new", 100, 200)
+    share = {n: projected_kv_share(v, new) for n, v in views.items()}
+    assert 1.0 < share["a"] < share["b"] < share["a"] + 0.1
+    assert step_time_s(views["a"], share["a"]) < step_time_s(views["b"], share["b"])
+    step = {n: step_time_s(v, share[n]) for n, v in views.items()}
+    waits = {n: wait_s(v, new, share[n], step[n]) for n, v in views.items()}
+    assert waits["a"] > 2 * waits["b"]
+    assert core.place(new).name == "b"
+    # Under alise a shorter request takes a resident's place: only its own prefill waits.
+    alise = load(10, 5000, 0, preempts=True, prefill=1256)
+    core.on_load("a", alise)
+    assert wait_s(core.replicas["a"], new, 1.03, 0.2) == pytest.approx(RATES[0] * 100)
 
 
 def _engine(policy: str) -> EngineCore:
