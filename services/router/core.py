@@ -78,6 +78,13 @@ class ReplicaView:
             self.since_prefill -= got[0]
             self.since_decode -= got[1]
 
+    def finished(self, request_id: str) -> None:
+        """The request ended here (or left): it counts nowhere on this replica any more."""
+        self.placed.pop(request_id, None)
+        self.drop_since(request_id)
+        if self._remaining is not None:
+            self._remaining.finished(request_id)
+
     def clear_since(self) -> None:
         self.since.clear()
         self.since_prefill = self.since_decode = 0
@@ -258,8 +265,7 @@ class RouterCore:
         if placement is not None:
             view = self.replicas.get(placement.replica)
             if view is not None:
-                view.placed.pop(request_id, None)
-                view.drop_since(request_id)
+                view.finished(request_id)
 
     def unplace(self, request_id: str) -> None:
         """A placement the replica refused or never received (forgotten, not finished)."""

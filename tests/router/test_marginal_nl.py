@@ -55,6 +55,12 @@ def test_the_residents_sum_is_the_one_it_stands_for():
         return total
     for length in (1, 7, 50, 200, 499, 10_000):
         assert remaining.overlap(length) == pytest.approx(brute(length))
+    for p in held[::2]:             # half of them finish before the next report
+        remaining.finished(p.request_id)
+    held = held[1::2]
+    assert len(remaining) == 100
+    for length in (1, 50, 499, 10_000):
+        assert remaining.overlap(length) == pytest.approx(brute(length))
     assert Remaining([]).overlap(100) == 0.0
 
 
