@@ -18,8 +18,9 @@
   tokens a replica likely holds cached need no new KV there. Among the replicas within
   ``band`` of the lowest projected share, the one with most of the prompt cached, then the
   one where the request adds the least normalized latency by the replica's time model: the
-  decode step of the batch it joins, plus what its step adds to the requests there for as
-  long as it overlaps them, read from their predicted remaining outputs. A replica whose
+  decode step of the batch it joins and its wait for a first token over its predicted
+  output, plus what its step adds to the requests there for as long as it overlaps them,
+  read from their predicted remaining outputs. A replica whose
   policy preempts by predicted length (``alise``) is always within the band.
 * ``prefix-affinity``: the replica with the most of the prompt's leading blocks cached (within
   the core's load bound), ties to the fewest unfinished requests: llm-d's and Dynamo's
@@ -117,8 +118,9 @@ class LengthAware(RouterPolicy):
         on all four runs (8 and 16 replicas, two seeds: 91.3 against 91.8 req/s, 94.8 / 95.6,
         201.9 / 206.9, 211.1 / 212.7); a share counting only the KV of requests predicted
         shorter (those a new request cannot preempt) kept it behind (91.2, 94.9, 201.6,
-        211.4) though it led P99 TTFT by 2-9%. Without the band the marginal NL decides, and
-        leads both figures (``docs/results/router.md``)."""
+        211.4) though it led P99 TTFT by 2-9%. Without the band the marginal NL decides: it
+        leads on all four runs, under NL by 0.2-1.3% and under P99 TTFT by 0.2-2.7%
+        (``docs/results/router.md``)."""
         turn = self._rotation(replicas)
         shares = [projected_kv_share(r, placement, self.horizon_steps) for r in replicas]
         banded = [s for r, s in zip(replicas, shares) if not r.preempts_by_length()]
@@ -165,7 +167,7 @@ def wait_s(replica: ReplicaView, p: Placement, share: float, step: float) -> flo
 
     In the simulator (8 and 16 A100s, ``vllm`` inside, two seeds) this term took
     ``length-aware``'s lead over ``least-loaded`` under NL <= 0.025 from -0.3%..+1.1% to
-    +1.9%..+2.2%, and under P99 TTFT <= 1 s from +2.3%..+5.5% to +2.7%..+6.1%."""
+    +1.5%..+2.5%, and under P99 TTFT <= 1 s from +2.3%..+5.5% to +2.9%..+5.9%."""
     t0 = replica.rates()[0]
     own = t0 * (p.prompt_tokens - p.cached_on(replica.name))
     if replica.preempts_by_length():
