@@ -120,11 +120,7 @@ def summary_text(rows: list[dict], scale: dict | None, real: dict | None,
                  f"{k['failed_started']} that had started there ended with an error. The "
                  f"loaded comparison: {1 + max(r['run'] for r in real['loaded'])} rounds, each "
                  "router once a round (every other round in reverse order), replicas without "
-                 "prefix caching (every router sends the same prompts)")
-        if "warmup_s" in real:
-            text += (", after the workload was sent to each replica once, uncounted "
-                     f"({real['warmup_s']:.0f} s)")
-        text += "."
+                 "prefix caching (every router sends the same prompts).")
         if real.get("carried_from"):
             c = real["carried_from"]
             text += (f" Only the hop was measured this time (`--hop-only`); every other figure "

@@ -2,8 +2,7 @@
 opt-125m (in-process executors, random weights, outputs forced to the replies' lengths, no
 prefix caching: every router sends the same prompts), one predictor service, and one router
 per policy in front of the same replicas, so the policies meet the same replicas back to
-back. After the workload has been sent to each replica once, uncounted (``warm_up``),
-measures, per round: each router's summary at a loaded rate (``lenserve bench``'s
+back. Measures, per round: each router's summary at a loaded rate (``lenserve bench``'s
 metrics, failures by cause); then the replica-kill drill (a replica killed under load: lost
 requests that had not started, failures that had). The router hop's own latency is measured
 apart, on a stub replica (``benchmarks/router_hop.py``)."""
@@ -171,27 +170,15 @@ async def kill_drill(cluster: Cluster, router: str, requests, tok) -> dict:
             "errors": sorted({(r.error or "")[:120] for r in failed})}
 
 
-def warm_up(cluster: Cluster, requests, tok) -> float:
-    """The workload sent to each replica directly, once, not counted: a replica's first
-    iterations over new shapes run several times slower on this CPU (the first round of an
-    earlier page took 33-45 s a router against 12-13 s in the second, for all three); the
-    rounds then compare routers, not first contact. Returns its wall seconds."""
-    t0 = time.perf_counter()
-    for i in range(cluster.num_replicas):
-        asyncio.run(drive(cluster.target(f"replica-{i}"), requests, tok, f"warmup-{i}"))
-    return time.perf_counter() - t0
-
-
 def measure(dataset: Path, raw: Path, num: int, rate: float, runs: int) -> dict:
-    """After a warm-up (``warm_up``), ``runs`` rounds of each router at the loaded rate
-    (every other round in reverse order), then the kill drill."""
+    """``runs`` rounds of each router at the loaded rate (every other round in reverse
+    order), then the kill drill."""
     from lenserve.bench.metrics import summarize
     requests, tok = workload(dataset, num, rate)
     cluster = Cluster(raw)
     cluster.start()
     result: dict = {"loaded": []}
     try:
-        result["warmup_s"] = warm_up(cluster, requests, tok)
         for run in range(runs):
             # Every other round in reverse, so that a drift of the machine's load over the
             # rounds does not favour the router that always runs first.
