@@ -8,6 +8,12 @@ time minus the direct time of each pair. The router logs its placement counter w
 (the time inside ``RouterCore.place``), which is read back from its log.
 
     python3 -m benchmarks.router_hop stub --port PORT      # the stub replica alone
+    python3 -m benchmarks.router_hop place [--replicas 16 --requests 150]
+
+``place`` times the router core alone, in this process: a request finishing and another
+being placed, over replicas that each hold ``--requests`` of this router's placements, each
+replica reporting its load every 20 placements; per policy and kind of replica (one that
+serves in arrival order, one that preempts by predicted length).
 """
 from __future__ import annotations
 
@@ -210,6 +216,41 @@ def measure(raw: Path, num: int = 500, warmup: int = 20) -> dict:
             "place_us_mean": float(placed[2]) if placed else None}
 
 
+def time_placements(policy: str, preempts: bool, replicas: int = 16, per_replica: int = 150,
+                    num: int = 5000, report_every: int = 20) -> float:
+    """Microseconds per finish + placement in ``RouterCore`` (``place``'s docstring above)."""
+    import random
+
+    from services.router.core import Placement, RouterCore
+    rng = random.Random(0)
+    core = RouterCore(policy)
+    for i in range(replicas):
+        core.add_replica(f"r{i}")
+
+    def report():
+        for name, view in core.replicas.items():
+            n = len(view.placed)
+            stats = SchedulerStats("sim", min(5, n), max(n - 5, 0), 0, 100, 1536, 10, 0, 0)
+            core.on_load(name, ReplicaLoad(stats, 16, 500, 150 * n, 0,
+                                           (4.65e-5, 1.72e-6, 0.0118), False, preempts))
+
+    def placement(rid: str):
+        return Placement(rid, rng.randint(20, 800), rng.randint(5, 800))
+    report()
+    for i in range(replicas * per_replica):
+        core.place(placement(f"held-{i}"))
+    ids = list(core.requests)
+    t0 = time.perf_counter()
+    for i in range(num):
+        if i % report_every == 0:
+            report()
+        core.on_finished(ids.pop(rng.randrange(len(ids))))
+        core.place(placement(f"new-{i}"))
+        ids.append(f"new-{i}")
+        core.on_tokens(rng.choice(ids), 1)
+    return (time.perf_counter() - t0) / num * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m benchmarks.router_hop")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -217,9 +258,18 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("measure")
     m.add_argument("--num", type=int, default=500)
     m.add_argument("--raw", type=Path, default=Path("results/raw/router_hop"))
+    pl = sub.add_parser("place")
+    pl.add_argument("--replicas", type=int, default=16)
+    pl.add_argument("--requests", type=int, default=150, help="held by each replica")
     args = ap.parse_args(argv)
     if args.cmd == "stub":
         asyncio.run(_serve_stub(args.port))
+    elif args.cmd == "place":
+        for policy in ("least-loaded", "length-aware"):
+            for preempts in (False, True):
+                us = time_placements(policy, preempts, args.replicas, args.requests)
+                print(f"{policy:13s} {'preempting' if preempts else 'in arrival order':17s} "
+                      f"{us:6.0f} us per finish + placement")
     else:
         print(measure(args.raw, args.num))
     return 0

@@ -40,3 +40,11 @@ async def test_the_stub_sends_an_admission_with_its_first_chunk_and_then_the_res
             link.cancel()
     finally:
         await server.stop(grace=None)
+
+
+def test_placement_timing_places_and_finishes_on_every_kind_of_replica(capsys):
+    from benchmarks.router_hop import main, time_placements
+    assert time_placements("length-aware", True, replicas=2, per_replica=5, num=30) > 0
+    assert main(["place", "--replicas", "2", "--requests", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and all("us per finish + placement" in line for line in lines)
