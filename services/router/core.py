@@ -64,7 +64,7 @@ class ReplicaView:
     num_placed: int = 0
     # ``placed`` less ``since`` as of the last report, read by remaining output (built when
     # first asked for after each report).
-    _remaining: Remaining | None = None
+    _remaining: Remaining | None = field(default=None, repr=False, compare=False)
 
     def count_since(self, request_id: str, prefill: int, decode: int) -> None:
         self.drop_since(request_id)
