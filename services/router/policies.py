@@ -123,10 +123,9 @@ class LengthAware(RouterPolicy):
         (``docs/results/router.md``)."""
         turn = self._rotation(replicas)
         shares = [projected_kv_share(r, placement, self.horizon_steps) for r in replicas]
-        banded = [s for r, s in zip(replicas, shares) if not r.preempts_by_length()]
-        bound = min(banded, default=0.0) + self.band
-        best = min((i for i in range(len(replicas))
-                    if shares[i] <= bound or replicas[i].preempts_by_length()),
+        free = [r.preempts_by_length() for r in replicas]      # always within the band
+        bound = min((s for s, f in zip(shares, free) if not f), default=0.0) + self.band
+        best = min((i for i in range(len(replicas)) if free[i] or shares[i] <= bound),
                    key=lambda i: (-placement.cached_on(replicas[i].name),
                                   self.within_band(replicas[i], placement, shares[i]),
                                   shares[i], turn(replicas[i])))
