@@ -8,9 +8,14 @@ fine-tuned OPT-13B predictor), EconoServe's JCT SLO at scale 2.
 
     python3 benchmarks/econoserve_paper.py [--quick] [--dataset-path FILE] [--alpaca-path FILE]
 
-Per dataset one ``lenserve simulate`` sweep of every policy, and one of ``econoserve`` with
-neither padding nor pipelining buffer (``econoserve-exact``: the paper's Oracle, which knows the
-lengths; both exist to absorb under-prediction, and the true lengths never under-predict).
+Per dataset one ``lenserve simulate`` sweep of every policy, and one each of: ``econoserve``
+with neither padding nor pipelining buffer (``econoserve-exact``: the paper's Oracle, which
+knows the lengths; both exist to absorb under-prediction, and the true lengths never
+under-predict); ``vllm-v0`` preempting by swapping to vLLM's default 4 GiB host tier
+(``vllm-v0-swap``: the paper ran vLLM "with the KVC swapping strategy"; V0's default,
+recompute, is ``vllm-v0``); and ``econoserve`` on predictions as accurate as the paper's
+(``econoserve-pred``: log-normal error with 73.2% of the predictions within the 15% padding,
+the paper's figure for its fine-tuned OPT-13B predictor on ShareGPT).
 Reported: the highest rate each policy sustains under normalized-latency targets and under an
 SSR target, its ratio to ``vllm-v0`` and ``sarathi`` (the paper's comparisons), and at each rate
 JCT, SSR, KV utilisation (allocated, holding tokens, lent to guests), allocation failures,
@@ -22,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from statistics import NormalDist
 import time
 from pathlib import Path
 
@@ -32,8 +38,18 @@ from benchmarks import figures, output, runs, stamp, tables
 
 NAME = "econoserve_paper"
 POLICIES = ("vllm-v0", "vllm", "sarathi", "multires", "econoserve", "oracle")
-EXACT = ("econoserve-exact", ["padding_ratio=0", "buffer_ratio=0"])
-ORDER = (*POLICIES, EXACT[0])
+# The paper's predictor: 73.2% of its predictions within the 15% padding, i.e. log-normal
+# error with P(true <= 1.15 x predicted) = 0.732.
+PAPER_SIGMA = math.log(1.15) / NormalDist().inv_cdf(0.732)
+# (file suffix, policies, --policy-config, renamed as, --predictor, further arguments)
+SWEEPS = (("", POLICIES, [], None, "oracle", []),
+          ("_exact", ("econoserve",), ["padding_ratio=0", "buffer_ratio=0"], "econoserve-exact",
+           "oracle", []),
+          ("_swap", ("vllm-v0",), ["preemption_mode=swap"], "vllm-v0-swap", "oracle",
+           ["--swap-space", "4"]),
+          ("_pred", ("econoserve",), [], "econoserve-pred", f"oracle:{PAPER_SIGMA:.3f}:0", []))
+ORDER = (*POLICIES, *(sweep[3] for sweep in SWEEPS[1:]))
+BASES = ("vllm-v0", "vllm-v0-swap", "sarathi")     # the ratios' denominators
 ALPACA = runs.SHAREGPT.parent / "alpaca_data_1k_random_subset.json"
 NUM_GPU_BLOCKS, BLOCK_SIZE = 491, 32     # 12 GiB of OPT-13B KV (800 KiB per token)
 FULL = {"num_prompts": 2000, "rates": {"sharegpt": [1, 2, 2.5, 3, 3.5, 4, 6],
@@ -44,11 +60,12 @@ SSR_TARGET = 0.9
 
 
 def simulate_args(params: dict, dataset: str, path: Path, result: Path,
-                  policies=POLICIES, config: list[str] = ()) -> list[str]:
+                  policies=POLICIES, config: list[str] = (), predictor: str = "oracle",
+                  extra: list[str] = ()) -> list[str]:
     return ["simulate", "--hardware", "a100-80g", "--model-shape", "opt-13b",
             "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks", str(NUM_GPU_BLOCKS),
-            "--backends", ",".join(f"sim:{p}" for p in policies), "--predictor", "oracle",
-            *(["--policy-config", *config] if config else []),
+            "--backends", ",".join(f"sim:{p}" for p in policies), "--predictor", predictor,
+            *(["--policy-config", *config] if config else []), *extra,
             "--dataset-name", dataset, "--dataset-path", str(path), "--repeat-dataset",
             "--num-prompts", str(params["num_prompts"]),
             "--sweep-rates", ",".join(f"{r:g}" for r in params["rates"][dataset]),
@@ -81,14 +98,13 @@ def run_all(params: dict, paths: dict[str, Path], raw: Path) -> tuple[dict, list
     found, commands, bounds = {}, [], {}
     for dataset, path in paths.items():
         found[dataset] = []
-        for suffix, policies, config, rename in (("", POLICIES, [], None),
-                                                 ("_exact", ("econoserve",), EXACT[1],
-                                                  {"econoserve": EXACT[0]})):
+        for suffix, policies, config, renamed, predictor, extra in SWEEPS:
             result = raw / f"{dataset}{suffix}.json"
-            args = simulate_args(params, dataset, path, result, policies, config)
+            args = simulate_args(params, dataset, path, result, policies, config, predictor,
+                                 extra)
             runs.lenserve(args, raw / f"{dataset}{suffix}.log")
             commands.append(runs.shown(args))
-            found[dataset] += runs.load_runs(result, rename)
+            found[dataset] += runs.load_runs(result, renamed and {policies[0]: renamed})
             if not suffix:
                 bounds[dataset] = packing_bound(result)
             result.unlink()     # hundreds of MB of token times; the summaries are kept above
@@ -116,12 +132,12 @@ def sustained(found: list[dict]) -> dict[str, dict[str, tuple[float, str]]]:
 def sustained_table(rates: dict) -> list[str]:
     header, rows = ["policy"], []
     for target in next(iter(rates.values())):
-        header += [f"{target}: rate (req/s)", "x vllm-v0", "x sarathi"]
+        header += [f"{target}: rate (req/s)", *(f"x {base}" for base in BASES)]
     for p, targets in rates.items():
         row = [p]
         for target, (rate, note) in targets.items():
             row.append(f"{note}{rate:.2f}")
-            for base in ("vllm-v0", "sarathi"):
+            for base in BASES:
                 ref = rates[base][target][0]
                 row.append(f"{note}{rate / ref:.2f}" if ref > 0 else "-")
         rows.append(row)
@@ -159,10 +175,10 @@ def summary_text(found: dict, rates: dict, params: dict, bounds: dict) -> str:
     target = f"NL <= {NL_SLOS[0]:g}"
     for dataset, by_policy in rates.items():
         cells = []
-        for p in ("econoserve", EXACT[0], "multires"):
+        for p in ("econoserve", "econoserve-pred", "econoserve-exact", "multires"):
             e = by_policy[p][target][0]
-            cells.append(f"`{p}` {e / by_policy['vllm-v0'][target][0]:.2f}x `vllm-v0`, "
-                         f"{e / by_policy['sarathi'][target][0]:.2f}x `sarathi`")
+            cells.append(f"`{p}` " + ", ".join(f"{e / by_policy[b][target][0]:.2f}x `{b}`"
+                                               for b in BASES))
         v0 = by_policy["vllm-v0"][target][0]
         cells.append(f"a perfect packer at most {bounds[dataset]:.2f} req/s, "
                      f"{bounds[dataset] / v0:.2f}x `vllm-v0`")
@@ -172,7 +188,9 @@ def summary_text(found: dict, rates: dict, params: dict, bounds: dict) -> str:
             f"simulate`): OPT-13B on an A100-80GB with the paper's 12 GiB of KV "
             f"({NUM_GPU_BLOCKS} blocks of {BLOCK_SIZE} tokens), {params['num_prompts']:,} "
             f"requests per rate, Poisson arrivals, seed 0, true output lengths for every "
-            f"policy. Sustained rate under normalized latency {NL_SLOS[0]:g} s/token: "
+            f"policy but `econoserve-pred` (the paper's predictor accuracy: log-normal error, "
+            f"sigma {PAPER_SIGMA:.3f}). Sustained rate under normalized latency "
+            f"{NL_SLOS[0]:g} s/token: "
             f"{' | '.join(ratios)} (the paper: >= 2x vLLM on ShareGPT, >= 1.2x Sarathi-Serve; "
             f"the perfect "
             f"packer's bound is a saturated throughput with free prefill and no "

@@ -2,7 +2,9 @@
 waited for only where an iteration needs them.
 
 * A swap-out runs beside the iteration it was decided in; its device blocks stay reserved
-  until ``finish`` (after that iteration), when they may be handed out again.
+  until ``finish`` (after that iteration), when they may be handed out again. Under a policy
+  whose swap-outs come before the forward pass (``Policy.swap_outs_before_forward``, vLLM V0)
+  the iteration waits for each one, and its blocks were free when the policy decided.
 * A swap-in of a request the iteration runs (a policy that admits, then waits) is waited for
   before the iteration: an upload wait.
 * A swap-in of a request the iteration does not run (a policy uploading ahead of need, ALISE's
@@ -62,6 +64,8 @@ class EngineSwaps:
                     # The token count keeps INT8 scales off the unwritten tail of a block.
                     tokens = self.scheduler.state.requests[rid].num_computed_tokens
                     self._outs.append(self.kv_manager.swap_out(rid, blocks, tokens))
+                    if self.scheduler.state.swap_outs_before_forward:
+                        self._wait_outs()   # its blocks may be written in this iteration
                     continue
                 handle = self.kv_manager.swap_in(rid, blocks)
                 if rid in batch:
@@ -118,17 +122,20 @@ class EngineSwaps:
         failed = []
         for rid in [rid for rid, (h, _) in self.uploads.items() if h.done()]:
             failed += self._land(rid)
+        self._wait_outs()
+        if self.prefix_moves is not None:
+            self.prefix_moves.finish()
+        self.scheduler.release_swapped_blocks(
+            in_flight=sum(len(blocks) for _, blocks in self.uploads.values()))
+        return [f for f in failed if f is not None]
+
+    def _wait_outs(self) -> None:
         for handle in self._outs:
             try:
                 handle.wait()
             except Exception as exc:  # the copy is over either way; its swap-in will say why
                 logger.error("a swap-out failed: %s", exc)
         self._outs.clear()
-        if self.prefix_moves is not None:
-            self.prefix_moves.finish()
-        self.scheduler.release_swapped_blocks(
-            in_flight=sum(len(blocks) for _, blocks in self.uploads.values()))
-        return [f for f in failed if f is not None]
 
     def drain(self) -> list:
         """Wait for every copy (an idle iteration, or the engine is closing)."""

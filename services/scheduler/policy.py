@@ -36,6 +36,10 @@ class Policy(ABC):
     # A request predicted shorter takes a resident's place, whatever the pool holds: a router
     # in front does not read the pool's fill as the wait a new request will see there.
     preempts_by_length: bool = False
+    # The iteration waits for its swap-outs before it runs, and a swapped-out request's device
+    # blocks serve that iteration (vLLM V0 copies on the compute stream before the forward
+    # pass); False: the copies run beside the iteration and the blocks are free after it.
+    swap_outs_before_forward: bool = False
 
     def __init__(self, config: SchedulerConfig, policy_config: PolicyConfig | None = None):
         self.config = config

@@ -65,6 +65,7 @@ class Scheduler:
         self.config = config
         self.policy = policy
         self.state = SchedulerState(config, num_host_blocks, copies_overlap)
+        self.state.swap_outs_before_forward = policy.swap_outs_before_forward
         # Block tables the executor holds: request id -> (table epoch, blocks sent).
         self._sent: dict[str, tuple[int, int]] = {}
         self._forget: list[str] = []

@@ -42,6 +42,9 @@ class SchedulerState:
         # Whether the KV manager's copies run beside the iteration (a GPU's copy engine) or
         # take cores it needs (a CPU executor).
         self.copies_overlap = copies_overlap
+        # Swap-outs copied before the iteration runs (``Policy.swap_outs_before_forward``):
+        # their device blocks are free at once instead of after the iteration.
+        self.swap_outs_before_forward = False
         # Host blocks of swap-ins still being copied: free again after the iteration, as the
         # KV manager frees them only once the copy is done.
         self.num_pending_host_blocks = 0
@@ -188,7 +191,7 @@ class SchedulerState:
             output.swap_refusals.append((rid, f"host KV pool has {self.num_free_host_blocks} "
                                               f"free blocks, {need} needed"))
             return False
-        blocks = self.block_manager.free(rid, defer=True)
+        blocks = self.block_manager.free(rid, defer=not self.swap_outs_before_forward)
         self.num_free_host_blocks -= need
         self.running.pop(rid, None)
         request.num_preemptions += 1

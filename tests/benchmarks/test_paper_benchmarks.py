@@ -109,6 +109,7 @@ def test_econoserve_paper_quick_reports_sustained_rates_and_paper_metrics(tmp_pa
     assert "x vllm-v0" in text and "scheduler share of JCT" in text
     assert "| multires |" in text and "`multires`" in text
     assert "KV lent to guests" in text and "allocation failures" in text
+    assert "x vllm-v0-swap" in text and "`econoserve-pred`" in text
     assert "--block-size 32 --num-gpu-blocks 491" in text
     assert "--policy-config padding_ratio=0 buffer_ratio=0" in text
 

@@ -55,9 +55,9 @@ def test_swap_mode_keeps_the_victims_kv_on_the_host_and_admits_no_prompt_meanwhi
     s = v0("swap", num_gpu_blocks=4, max_model_len=16, num_host_blocks=8)
     a, b, c = add(s, make_request("a", 4, 6), make_request("b", 4, 6), make_request("c", 4, 6))
     step(s)
-    out, _ = step(s)            # a takes the free block; b's comes from c, after the copy
+    out, _ = step(s)            # a takes the free block; b's comes from c, copied out first
     assert [rid for rid, _ in out.swapped_out] == ["c"] and not out.preempted
-    assert scheduled(out) == {"a": 1}
+    assert scheduled(out) == {"a": 1, "b": 1}   # as in V0: the copy runs before the forward
     assert c.status is RequestStatus.SWAPPED and c.num_computed_tokens == 4   # its prompt KV kept
     (d,) = add(s, make_request("d", 4, 2))
     seen_d_before_c_back = False

@@ -195,3 +195,23 @@ def test_measure_swaps_times_the_real_kv_manager():
 class _NoBar:
     def update(self, n):
         pass
+
+
+def test_vllm_v0_waits_for_its_swap_copies_as_v0_does():
+    # vLLM V0 copies swapped blocks on the compute stream before the forward pass: each copy,
+    # out and in, lengthens its iteration, where a policy whose swap-outs overlap pays only
+    # for what outlasts the iteration. All requests arrive at once, so the schedule is the
+    # same over both links and the difference in duration is the copies' time alone.
+    requests = [(4, 6, 0.0)] * 3 + [(4, 2, 0.0)]
+    runs = {}
+    for per_block in (1e-6, 0.004):              # 4 ms a block: under the 10 ms iteration
+        spec = make_spec("vllm-v0", _host_target(per_block, num_gpu_blocks=4), max_model_len=16,
+                         policy_config=("preemption_mode=swap",),
+                         swap_space_gib=8 * BLOCK_BYTES / GIB)
+        replay = _replay(spec, requests)
+        assert len(replay.done) == 4 and all(r.error is None for r in replay.done)
+        runs[per_block] = (replay.clock.now, replay.engine.kv_manager.stats())
+    (fast, _), (slow, kv) = runs[1e-6], runs[0.004]
+    copied = (kv.bytes_swapped_out + kv.bytes_swapped_in) / BLOCK_BYTES
+    assert kv.bytes_swapped_out > 0
+    assert slow - fast == pytest.approx(copied * (0.004 - 1e-6))

@@ -22,9 +22,10 @@ than swapping"; vLLM swaps only beam-search groups) frees its blocks and puts it
 of the waiting queue, to be prefilled again with its outputs. ``swap`` moves its KV to the
 host tier through the KV manager and appends it to the swapped queue; while any request is
 swapped no new prompt is admitted. Where vLLM aborts the engine when the host tier is full,
-lenserve recomputes that victim instead. A swap-out's device blocks are free only once the
-copy finished (after the iteration), so a request whose room comes from this iteration's
-swap-outs waits one iteration rather than evicting more.
+lenserve recomputes that victim instead. As in vLLM V0 (``Worker.cache_swap`` before the
+forward pass, on the compute stream) the iteration waits for its swap copies, so a swap-out's
+device blocks serve the same iteration and its copy time is the engine's
+(``swap_outs_before_forward``; the EconoServe paper ran vLLM with swapping).
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ class VllmV0Config(PolicyConfig):
 class VllmV0Policy(FcfsPolicy):
     name = "vllm-v0"
     config_class = VllmV0Config
+    swap_outs_before_forward = True
 
     def __init__(self, config, policy_config=None):
         super().__init__(config, policy_config)
@@ -118,7 +120,6 @@ class VllmV0Policy(FcfsPolicy):
 
     def _decodes(self, state: SchedulerState, output: SchedulerOutput, tokens: int) -> int:
         bm, running = state.block_manager, state.running
-        deferred = 0                      # device blocks this iteration's swap-outs free later
         for req in list(running.values()):
             if tokens <= 0:
                 break
@@ -130,10 +131,8 @@ class VllmV0Policy(FcfsPolicy):
                 self.num_allocation_failures += 1
                 self._failed.add(req.request_id)
             while not bm.allocate_slots(req.request_id, need):
-                if deferred and bm.num_free_blocks + deferred >= short:
-                    break                 # paused one iteration, until the copies finish
                 victim = next(reversed(running.values()))
-                deferred += self._preempt(state, output, victim)
+                self._preempt(state, output, victim)
                 if victim is req:
                     break
             if req.status is _RUNNING and bm.num_blocks_of(req.request_id) * bm.block_size >= need:
@@ -141,17 +140,14 @@ class VllmV0Policy(FcfsPolicy):
                 tokens -= need - req.num_computed_tokens
         return tokens
 
-    def _preempt(self, state: SchedulerState, output: SchedulerOutput, victim: Request) -> int:
-        """Preempt ``victim`` by the configured mode; the device blocks freed only after the
-        iteration (a swap-out's)."""
+    def _preempt(self, state: SchedulerState, output: SchedulerOutput, victim: Request) -> None:
+        """Preempt ``victim`` by the configured mode."""
         if self.options.preemption_mode == "swap" and state.num_host_blocks > 0:
-            blocks = state.block_manager.num_blocks_of(victim.request_id)
             if state.swap_out(victim, output):
                 self.swapped.append(victim)
-                return blocks
+                return
         state.preempt(victim, output)
         self.waiting.appendleft(victim)
-        return 0
 
     def _swap_in(self, state: SchedulerState, output: SchedulerOutput, tokens: int,
                  max_num_seqs: int) -> None:
