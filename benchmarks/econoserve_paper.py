@@ -1,10 +1,10 @@
 """EconoServe at its paper's setting, in virtual time: ``lenserve simulate`` on the roofline
 cost model of an A100-80GB serving OPT-13B with a 12 GiB KV budget (491 blocks of 32 tokens,
-about 15.7k tokens) and the paper's baselines on the same engine: ``vllm-v0`` (the vLLM the
-paper ran), ``vllm`` (V1), ``sarathi``, ``multires`` (the paper's MultiRes: exact allocation
+about 15.7k tokens) and the paper's baselines on the same engine: ``vllm-v0`` (vLLM V0;
+``vllm-v0-swap`` below is the paper's, which swapped), ``vllm`` (V1), ``sarathi``, ``multires`` (the paper's MultiRes: exact allocation
 without time-synced groups), and ``oracle``. ShareGPT and Alpaca, Poisson arrivals,
 seed 0, every policy given the true output lengths (``--predictor oracle``; the paper used a
-fine-tuned OPT-13B predictor), EconoServe's JCT SLO at scale 2.
+fine-tuned OPT-13B predictor: ``econoserve-pred`` below), EconoServe's JCT SLO at scale 2.
 
     python3 benchmarks/econoserve_paper.py [--quick] [--dataset-path FILE] [--alpaca-path FILE]
 
@@ -17,19 +17,19 @@ recompute, is ``vllm-v0``); and ``econoserve`` on predictions as accurate as the
 (``econoserve-pred``: log-normal error with 73.2% of the predictions within the 15% padding,
 the paper's figure for its fine-tuned OPT-13B predictor on ShareGPT).
 Reported: the highest rate each policy sustains under normalized-latency targets and under an
-SSR target, its ratio to ``vllm-v0`` and ``sarathi`` (the paper's comparisons), and at each rate
-JCT, SSR, KV utilisation (allocated, holding tokens, lent to guests), allocation failures,
-scheduler time and the longest wait of any request for its first token. The real engine checks
-the ranking in ``benchmarks/econoserve_real.py``.
+SSR target, its ratio to ``vllm-v0``, ``vllm-v0-swap`` and ``sarathi`` (the paper's
+comparisons), and at each rate JCT, SSR, KV utilisation (allocated, holding tokens, lent to
+guests), allocation failures, scheduler time and the longest wait of any request for its first
+token. The real engine checks the ranking in ``benchmarks/econoserve_real.py``.
 """
 from __future__ import annotations
 
 import json
 import math
 import sys
-from statistics import NormalDist
 import time
 from pathlib import Path
+from statistics import NormalDist
 
 if __package__ in (None, ""):       # run as a script: the repository root holds benchmarks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
