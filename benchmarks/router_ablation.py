@@ -85,25 +85,15 @@ class _Band(policies.LengthAware):
 class _BandAll(policies.LengthAware):
     """The band over every replica, a preempting one (``alise`` inside) too."""
 
-    def choose(self, replicas, placement):
-        turn = self._rotation(replicas)
-        shares = [self.share(r, placement) for r in replicas]
-        bound = min(shares) + self.band
-        best = min((i for i in range(len(replicas)) if shares[i] <= bound),
-                   key=lambda i: (-placement.cached_on(replicas[i].name),
-                                  self.within_band(replicas[i], placement, shares[i]),
-                                  shares[i], turn(replicas[i])))
-        return replicas[best]
-
-    def share(self, replica, placement):
-        return projected_kv_share(replica, placement, self.horizon_steps)
+    def always_within(self, replica):
+        return False
 
 
 class _RankedShare(_BandAll):
     """The band over every replica, a preempting replica's share counting only the KV of the
     requests predicted to end first (those the new one cannot preempt) and the new prompt."""
 
-    def share(self, replica, placement):
+    def score(self, replica, placement):
         n, held = placement.predicted_output_len, 0
         for p in replica.placed.values():
             rest = max(p.predicted_output_len - p.num_output_tokens, 1)

@@ -122,14 +122,18 @@ class LengthAware(RouterPolicy):
         leads on all four runs, under NL by 0.2-1.3% and under P99 TTFT by 0.2-2.7%
         (``docs/results/router.md``)."""
         turn = self._rotation(replicas)
-        shares = [projected_kv_share(r, placement, self.horizon_steps) for r in replicas]
-        free = [r.preempts_by_length() for r in replicas]      # always within the band
+        shares = [self.score(r, placement) for r in replicas]
+        free = [self.always_within(r) for r in replicas]
         bound = min((s for s, f in zip(shares, free) if not f), default=0.0) + self.band
         best = min((i for i in range(len(replicas)) if free[i] or shares[i] <= bound),
                    key=lambda i: (-placement.cached_on(replicas[i].name),
                                   self.within_band(replicas[i], placement, shares[i]),
                                   shares[i], turn(replicas[i])))
         return replicas[best]
+
+    def always_within(self, replica: ReplicaView) -> bool:
+        """Whether the replica is within the band whatever its share (it preempts by length)."""
+        return replica.preempts_by_length()
 
     def within_band(self, replica: ReplicaView, placement: Placement, share: float) -> float:
         """The key among the pools the band keeps, after the cached prompt."""

@@ -1,5 +1,5 @@
 """What the requests a replica holds still have to run, as the router placed them: the
-other half of a placement's cost in normalized latency (``policies.nl_impact``).
+other half of a placement's cost in normalized latency (``policies.marginal_nl``).
 
 A request joining a replica makes each decode step there a little longer (``beta`` for one
 more request, ``alpha`` a token for its KV) for as long as it overlaps each resident; a
